@@ -1,0 +1,21 @@
+"""Shared pytest fixtures: seeded RNGs and the bundled real samples."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from s2h_ros import paths
+
+# Tests are small; one intra-op thread keeps them deterministic and fair on 2-core CI.
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def samples_dir():
+    return paths.SAMPLES_DIR
