@@ -1,0 +1,51 @@
+"""The data objects every reader yields: a registration pair and a scan sequence.
+
+Readers (KITTI, 3DMatch, rosbag2, synthetic, plain files) all produce these, so the
+evaluation harness, training and replay never care where data came from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import numpy as np
+
+
+@dataclass
+class PointCloudPair:
+    """Two clouds and the ground-truth transform that maps ``source`` into ``target``'s frame."""
+
+    source: np.ndarray  # (N, 3) float32, metres, source sensor frame
+    target: np.ndarray  # (M, 3) float32, metres, target sensor frame
+    T_gt: np.ndarray  # (4, 4) float64: x_target = T_gt @ x_source
+    name: str = ""
+    meta: dict = field(default_factory=dict)  # e.g. dataset, sequence, frame ids, overlap
+
+
+@dataclass
+class Scan:
+    """One sensor sweep with its timestamp and, when known, its ground-truth pose."""
+
+    stamp: float  # seconds
+    points: np.ndarray  # (N, 3) float32, sensor frame
+    pose: np.ndarray | None = None  # (4, 4) float64 sensor pose in the world frame (None: unknown)
+    intensity: np.ndarray | None = None  # (N,) float32
+    frame_id: str = "velodyne"
+    index: int = 0
+
+
+class Sequence(Protocol):
+    """A time-ordered scan sequence (KITTI odometry layout, rosbag2, synthetic)."""
+
+    name: str
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> Scan: ...
+
+    def __iter__(self) -> Iterator[Scan]: ...
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        """(len, 4, 4) float64 ground-truth sensor poses in the first scan's world frame."""
+        ...
