@@ -1,0 +1,147 @@
+"""Kernel maps of sparse convolution: which input voxel feeds which output voxel through which
+kernel offset, built by integer-coordinate hashing and a sorted-key lookup.
+
+Written here rather than taken from a library: the maintained GPU libraries (MinkowskiEngine,
+spconv, TorchSparse) either do not build on current CUDA/Python or give wrong results on CPU
+(see ../shared/notes/sparse-conv-and-libraries.md); ``torch.searchsorted`` over int64 keys runs
+on any device. Coordinates are (N, 1 + D) int64 rows ``[batch, x_1 .. x_D]`` in stride-1 voxel
+units; a tensor at stride s holds multiples of s, as in MinkowskiEngine.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+_KEY_LIMIT = 2**62  # keys stay well inside int64
+_QUERY_BUDGET = 1 << 22  # rows of (offset, voxel) queries handled at once
+
+
+def kernel_offsets(kernel_size: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(K, D) int64 offsets of an odd cubic kernel, x fastest (MinkowskiEngine's weight order):
+    k = sum_d (o_d + r) (2r + 1)^d with r = kernel_size // 2."""
+    if kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel size must be odd and positive, got {kernel_size}")
+    r = kernel_size // 2
+    rows = [tuple(reversed(o)) for o in itertools.product(range(-r, r + 1), repeat=dim)]
+    return torch.tensor(rows, dtype=torch.long, device=device).reshape(-1, dim)
+
+
+def coordinate_keys(coords: torch.Tensor, lo: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
+    """(N,) int64 mixed-radix keys of (N, 1 + D) coordinates inside the box [lo, lo + extent)."""
+    radix = torch.cumprod(torch.cat([extent.new_ones(1), extent[:-1]]), 0)
+    return ((coords - lo) * radix).sum(1)
+
+
+def _key_frame(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    extent = hi - lo + 1
+    total = 1
+    for e in extent.tolist():
+        total *= int(e)
+    if total >= _KEY_LIMIT:
+        raise ValueError(
+            f"sparse coordinates span {extent.tolist()} voxels per axis: too large to hash into int64 keys; "
+            "use a larger voxel size or crop the input"
+        )
+    return lo, extent
+
+
+def downsample(coords: torch.Tensor, stride: int) -> torch.Tensor:
+    """Coordinates floored to multiples of ``stride`` (batch column kept), unique and sorted."""
+    out = coords.clone()
+    out[:, 1:] = torch.div(coords[:, 1:], stride, rounding_mode="floor") * stride
+    return torch.unique(out, dim=0)
+
+
+@dataclass
+class KernelMap:
+    """Input/output row pairs per occupied kernel offset: ``out[o] += in[i] @ W[k]``.
+
+    ``kernel_ids`` (list of k) and, for each, ``in_idx`` / ``out_idx`` (P_k,) int64; offsets that
+    hit no voxel are absent, so a 6-D kernel with 729 offsets costs only its occupied ones.
+    """
+
+    kernel_ids: list[int]
+    in_idx: list[torch.Tensor]
+    out_idx: list[torch.Tensor]
+    n_in: int
+    n_out: int
+
+    def transposed(self) -> KernelMap:
+        """The same pairs read backwards (transposed convolution)."""
+        return KernelMap(self.kernel_ids, self.out_idx, self.in_idx, self.n_out, self.n_in)
+
+    def __len__(self) -> int:
+        return sum(int(i.numel()) for i in self.in_idx)
+
+
+def build_kernel_map(
+    in_coords: torch.Tensor, out_coords: torch.Tensor, offsets: torch.Tensor, step: int
+) -> KernelMap:
+    """Pairs (i, o, k) with in_coords[i] == out_coords[o] + step * offsets[k] (same batch).
+
+    Hashes the input coordinates, sorts the keys once, then looks every (offset, output) query
+    up with ``searchsorted``, a few offsets at a time to bound memory.
+    """
+    dim = offsets.shape[1]
+    if in_coords.shape[1] != dim + 1 or out_coords.shape[1] != dim + 1:
+        raise ValueError(f"coordinates must be (N, 1 + {dim}), got {tuple(in_coords.shape)}, {tuple(out_coords.shape)}")
+    offsets = offsets.to(out_coords.device)
+    shift = torch.cat([offsets.new_zeros(offsets.shape[0], 1), offsets * step], 1)  # (K, 1 + D)
+    lo = torch.minimum(in_coords.min(0).values, out_coords.min(0).values + shift.min(0).values)
+    hi = torch.maximum(in_coords.max(0).values, out_coords.max(0).values + shift.max(0).values)
+    lo, extent = _key_frame(lo, hi)
+    in_keys, order = torch.sort(coordinate_keys(in_coords, lo, extent))
+    out_keys = coordinate_keys(out_coords, lo, extent)
+    shift_keys = coordinate_keys(shift + lo, lo, extent)  # key(x + s) = key(x) + key_of(s)
+    n_in = in_keys.numel()
+
+    ids: list[int] = []
+    ins: list[torch.Tensor] = []
+    outs: list[torch.Tensor] = []
+    chunk = max(1, _QUERY_BUDGET // max(1, out_keys.numel()))
+    for start in range(0, shift_keys.numel(), chunk):
+        q = out_keys[None, :] + shift_keys[start : start + chunk, None]  # (Kc, N_out)
+        pos = torch.searchsorted(in_keys, q).clamp_(max=n_in - 1)
+        hit = in_keys[pos] == q
+        k_local, o = hit.nonzero(as_tuple=True)
+        if o.numel() == 0:
+            continue
+        i = order[pos[k_local, o]]
+        ks, counts = torch.unique_consecutive(k_local, return_counts=True)
+        for k, i_k, o_k in zip(ks.tolist(), i.split(counts.tolist()), o.split(counts.tolist())):
+            ids.append(start + k)
+            ins.append(i_k)
+            outs.append(o_k)
+    return KernelMap(ids, ins, outs, n_in, out_coords.shape[0])
+
+
+class CoordinateManager:
+    """Coordinates per tensor stride and the kernel maps between them, shared by all tensors of one
+    input, so every layer that needs the same map (e.g. the two convs of a residual block, or a
+    strided conv and the transposed conv that undoes it) builds it once."""
+
+    def __init__(self, coords: torch.Tensor):
+        if coords.ndim != 2 or coords.shape[1] < 2:
+            raise ValueError(f"coordinates must be (N, 1 + D) [batch, x..], got {tuple(coords.shape)}")
+        if coords.shape[0] == 0:
+            raise ValueError("sparse tensor has no coordinates (empty input)")
+        self.dim = coords.shape[1] - 1
+        self.coords: dict[int, torch.Tensor] = {1: coords.long()}
+        self._maps: dict[tuple[int, int, int], KernelMap] = {}
+
+    def coordinates(self, stride: int) -> torch.Tensor:
+        """(N_s, 1 + D) coordinates at ``stride`` (made by flooring the finest ones if new)."""
+        if stride not in self.coords:
+            self.coords[stride] = downsample(self.coords[1], stride)
+        return self.coords[stride]
+
+    def kernel_map(self, in_stride: int, out_stride: int, kernel_size: int) -> KernelMap:
+        """Map of a convolution from stride ``in_stride`` to ``out_stride`` (= in or 2 x in...)."""
+        key = (in_stride, out_stride, kernel_size)
+        if key not in self._maps:
+            cin, cout = self.coordinates(in_stride), self.coordinates(out_stride)
+            offsets = kernel_offsets(kernel_size, self.dim, cin.device)
+            self._maps[key] = build_kernel_map(cin, cout, offsets, in_stride)
+        return self._maps[key]
