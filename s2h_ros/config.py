@@ -1,0 +1,128 @@
+"""One typed configuration with every default in one place.
+
+``RegistrationConfig`` drives ``s2h_ros.pipeline`` (one scan pair); ``OdometryConfig`` drives the
+keyframe odometry of ``s2h_ros.odometry`` (and so the ROS node, whose parameters mirror both
+dataclasses field by field, see ``s2h_ros.ros.parameters``). Values are checked on construction so
+a wrong type or range fails at start-up with a message naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# field name -> (allowed values) for string options
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "features": ("auto", "fcgf", "fpfh"),
+    "matcher": ("s2h", "nn", "mutual_nn"),
+    "outlier_profit": ("calibrated", "literal", "slack", "constant"),
+    "refine": ("icp", "none"),
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value has the wrong type or is out of range."""
+
+
+def _meta(description: str, lo: float | None = None, hi: float | None = None) -> dict:
+    return {"description": description, "range": (lo, hi)}
+
+
+@dataclass
+class RegistrationConfig:
+    """SHM_DGR registration of one source cloud to one target cloud."""
+
+    voxel_size: float = field(default=0.3, metadata=_meta("voxel size in metres (KITTI 0.3, 3DMatch 0.05)", 1e-3, 10.0))
+    device: str = field(default="cpu", metadata=_meta("torch device: cpu, cuda, cuda:N"))
+    features: str = field(default="auto", metadata=_meta("point features: fcgf (learned), fpfh (Open3D, no weights), auto (fcgf when weights exist)"))
+    weights: str = field(default="", metadata=_meta("FCGF/DGR checkpoint path; empty: the shipped default weights"))
+    max_points: int = field(default=30000, metadata=_meta("voxels kept per cloud after voxelisation (random subset above)", 100, 10_000_000))
+
+    matcher: str = field(default="s2h", metadata=_meta("correspondences: s2h (soft-to-hard PPM), nn (DGR 1-NN), mutual_nn"))
+    k: int = field(default=16, metadata=_meta("feature-space neighbours per point, both directions (S2H support)", 1, 256))
+    sinkhorn_iters: int = field(default=5, metadata=_meta("augmented Sinkhorn iterations (S-step)", 1, 1000))
+    temperature: float = field(default=0.1, metadata=_meta("score = -||f_x - f_y||^2 / temperature", 1e-4, 100.0))
+    outlier_profit: str = field(default="calibrated", metadata=_meta("H-step outlier profit: calibrated, literal (1/var), slack, constant"))
+    outlier_constant: float = field(default=5e-5, metadata=_meta("profit of leaving a point unmatched when outlier_profit=constant", 0.0, 1e3))
+
+    use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))
+    weight_floor: float = field(default=0.05, metadata=_meta("inlier weights below this are zeroed (DGR)", 0.0, 1.0))
+    safeguard_min_weight: float = field(default=30.0, metadata=_meta("below max(this, safeguard_ratio * candidates) of weight sum: RANSAC fallback", 0.0, 1e6))
+    safeguard_ratio: float = field(default=0.05, metadata=_meta("see safeguard_min_weight", 0.0, 1.0))
+    ransac_iters: int = field(default=50000, metadata=_meta("RANSAC iterations of the safeguard fallback", 100, 10_000_000))
+
+    refine: str = field(default="icp", metadata=_meta("refinement after Procrustes: icp (robust point-to-plane) or none"))
+    refine_iters: int = field(default=30, metadata=_meta("refinement iterations", 1, 1000))
+    inlier_distance: float = field(default=0.6, metadata=_meta("metres: a correspondence is an inlier within this after alignment (DGR: 2 x voxel)", 1e-4, 100.0))
+    min_inliers: int = field(default=20, metadata=_meta("success needs at least this many inlier correspondences", 3, 1_000_000))
+    min_fitness: float = field(default=0.2, metadata=_meta("success needs this fraction of source voxels within inlier_distance of the target", 0.0, 1.0))
+    seed: int = field(default=0, metadata=_meta("random seed (subsampling, RANSAC)", 0, 2**31 - 1))
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> "RegistrationConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class OdometryConfig:
+    """Scan-to-keyframe odometry: when to take a new keyframe and when to give up on one."""
+
+    keyframe_distance: float = field(default=5.0, metadata=_meta("new keyframe after this much travel from the current one (m)", 0.0, 1e4))
+    keyframe_rotation_deg: float = field(default=20.0, metadata=_meta("new keyframe after this much rotation (deg)", 0.0, 360.0))
+    keyframe_min_inlier_ratio: float = field(default=0.3, metadata=_meta("new keyframe when the inlier ratio falls below this", 0.0, 1.0))
+    max_failures: int = field(default=3, metadata=_meta("consecutive failed scans before the keyframe is re-initialised", 1, 1000))
+    min_points: int = field(default=100, metadata=_meta("scans with fewer valid points are rejected", 3, 10_000_000))
+    use_motion_prior: bool = field(default=True, metadata=_meta("refine from the constant-velocity prediction when global registration fails"))
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> "OdometryConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    """The field's type (annotations are strings under ``from __future__ import annotations``)."""
+    return f.type if isinstance(f.type, type) else {"float": float, "int": int, "str": str, "bool": bool}[f.type]
+
+
+def _validate(cfg: Any) -> None:
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        expected = _field_type(f)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+            setattr(cfg, f.name, value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"{f.name}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+        if expected is float and not math.isfinite(value):
+            raise ConfigError(f"{f.name}: must be finite, got {value!r}")
+        lo, hi = f.metadata.get("range", (None, None))
+        if lo is not None and not (lo <= value <= hi):
+            raise ConfigError(f"{f.name}: {value!r} is outside [{lo}, {hi}]")
+        if f.name in _CHOICES and value not in _CHOICES[f.name]:
+            raise ConfigError(f"{f.name}: {value!r} is not one of {', '.join(_CHOICES[f.name])}")
+    dev = getattr(cfg, "device", None)
+    if dev is not None:
+        if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ConfigError(f"device: {dev!r} is not cpu, cuda or cuda:N")
+
+
+def config_from_dict(cls: type, values: dict[str, Any]) -> Any:
+    """Build ``cls`` from a flat dict, rejecting unknown keys by name."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    return cls(**values)
+
+
+def describe(cls: type) -> list[tuple[str, type, Any, str, tuple]]:
+    """(name, type, default, description, (lo, hi)) for every field: what the ROS node declares."""
+    out = []
+    for f in fields(cls):
+        out.append((f.name, _field_type(f), f.default, f.metadata.get("description", ""), f.metadata.get("range", (None, None))))
+    return out

@@ -1,0 +1,212 @@
+"""registration_node: online scan-to-keyframe alignment with SHM_DGR.
+
+The subscription callback only stores the newest scan in a one-slot buffer (a scan still waiting
+there when a newer one arrives is dropped and counted), so the executor never blocks on
+registration; a worker thread registers scans and publishes. Trusted scans publish TF
+(odom -> base_link, or odom -> sensor frame without a base frame), nav_msgs/Odometry and a
+nav_msgs/Path; every scan publishes s2h_ros/RegistrationResult and correspondence markers;
+diagnostics report rate, latency, drops and failures.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from nav_msgs.msg import Odometry, Path
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import PointCloud2
+from std_msgs.msg import Header
+from visualization_msgs.msg import MarkerArray
+
+from s2h_ros import geometry
+from s2h_ros.config import ConfigError
+from s2h_ros.odometry import KeyframeOdometry, OdometryStep
+from s2h_ros.pipeline import Registrar
+from s2h_ros.pointcloud2 import PointCloud2Error
+from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
+from s2h_ros.ros import messages
+from s2h_ros.ros.parameters import declare_and_read
+from s2h_ros.ros.pointcloud2 import from_msg
+from s2h_ros.ros.tf import TfPublisher
+
+
+class RegistrationNode(Node):
+    def __init__(self, **kwargs) -> None:
+        super().__init__("registration_node", **kwargs)
+        self.settings = declare_and_read(self)
+        p = self.settings.node
+        self.odom_frame: str = p["odom_frame"]
+        self.base_frame: str = p["base_frame"]
+        self.sensor_to_base = messages.xyzquat_to_matrix(p["sensor_to_base"])
+        self.registrar = Registrar(self.settings.registration)
+        self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
+        self._rng = np.random.default_rng(0)
+
+        reliable = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        qos = qos_profile_sensor_data if p["qos"] == "sensor_data" else reliable
+        self.sub = self.create_subscription(PointCloud2, p["cloud_topic"], self._on_cloud, qos)
+        self.pub_result = self.create_publisher(RegistrationResultMsg, "~/result", 10)
+        self.pub_odom = self.create_publisher(Odometry, "~/odometry", 10)
+        self.pub_path = self.create_publisher(Path, "~/path", 1)
+        self.pub_markers = self.create_publisher(MarkerArray, "~/correspondences", 1)
+        self.pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.tf = TfPublisher(self) if p["publish_tf"] else None
+        self.path = Path(header=Header(frame_id=self.odom_frame))
+        self._path_max = int(p["path_max_length"])
+
+        # One-slot hand-over between the callback and the worker.
+        self._cv = threading.Condition()
+        self._pending: PointCloud2 | None = None
+        self._stop = False
+        self.stats = {"received": 0, "processed": 0, "dropped": 0, "failed": 0, "bad_input": 0, "keyframes": 0}
+        self._latencies = deque(maxlen=200)
+        self._done_times = deque(maxlen=50)
+        self._scan_id = 0
+        self.worker = threading.Thread(target=self._work, name="s2h_registration", daemon=True)
+        self.worker.start()
+        self.create_timer(float(p["diagnostics_period"]), self._publish_diagnostics)
+        self.get_logger().info(
+            f"registering {p['cloud_topic']} ({p['qos']} QoS) on {self.settings.registration.device}, "
+            f"features={self.registrar.feature_kind()}, matcher={self.settings.registration.matcher}"
+        )
+
+    # ------------------------------------------------------------------ callback side
+    def _on_cloud(self, msg: PointCloud2) -> None:
+        with self._cv:
+            self.stats["received"] += 1
+            if self._pending is not None:
+                self.stats["dropped"] += 1
+            self._pending = msg
+            self._cv.notify()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self.worker.join(timeout=30.0)
+
+    # ------------------------------------------------------------------ worker side
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._pending is not None or self._stop)
+                if self._stop:
+                    return
+                msg, self._pending = self._pending, None
+            try:
+                self._process(msg)
+            except Exception as exc:  # never let one scan kill the node
+                self.stats["failed"] += 1
+                self.get_logger().error(f"scan {self._scan_id}: unexpected error: {exc!r}")
+
+    def _process(self, msg: PointCloud2) -> None:
+        t0 = time.perf_counter()
+        scan_id = self._scan_id
+        self._scan_id += 1
+        stamp = msg.header.stamp
+        sensor_frame = msg.header.frame_id or "sensor"
+        try:
+            xyz, n_dropped = from_msg(msg)
+        except PointCloud2Error as exc:
+            self.stats["bad_input"] += 1
+            self._publish_failure(msg.header, scan_id, f"malformed PointCloud2: {exc}")
+            return
+        step = self.odometry.step(xyz, messages.stamp_to_sec(stamp))
+        self.stats["processed"] += 1
+        if step.success:
+            self._publish_pose(step, stamp, sensor_frame)
+            if step.new_keyframe:
+                self.stats["keyframes"] += 1
+        else:
+            self.stats["failed"] += 1
+            self.get_logger().warn(f"scan {scan_id}: {step.message}")
+        self.pub_result.publish(messages.result_message(step, msg.header, scan_id))
+        kf_pose = self._keyframe_pose_for(step)
+        self.pub_markers.publish(messages.correspondence_markers(
+            step, self.odom_frame, stamp, kf_pose, int(self.settings.node["max_markers"]),
+            int(self.settings.node["keyframe_cloud_max_points"]), self._rng))
+        now = self.get_clock().now().nanoseconds * 1e-9
+        self._latencies.append(now - messages.stamp_to_sec(stamp))
+        self._done_times.append(time.monotonic())
+        self.get_logger().debug(f"scan {scan_id} done in {1e3 * (time.perf_counter() - t0):.0f} ms")
+
+    def _keyframe_pose_for(self, step: OdometryStep) -> np.ndarray:
+        # The step's keyframe pose in the odometry frame: scan pose composed with keyframe<-scan inverse.
+        if step.pose is None or step.T_keyframe_scan is None:
+            return np.eye(4)
+        return self._odom_from_sensor_pose(step.pose @ geometry.invert_transform(step.T_keyframe_scan))
+
+    def _odom_from_sensor_pose(self, P: np.ndarray) -> np.ndarray:
+        """Sensor pose in the first sensor frame -> the same pose expressed in the odom frame."""
+        if not self.base_frame:
+            return P
+        return self.sensor_to_base @ P @ geometry.invert_transform(self.sensor_to_base)
+
+    def _publish_pose(self, step: OdometryStep, stamp, sensor_frame: str) -> None:
+        T_odom_sensor = self._odom_from_sensor_pose(step.pose)
+        if self.base_frame:
+            child = self.base_frame
+            T = T_odom_sensor @ geometry.invert_transform(self.sensor_to_base)  # odom -> base
+        else:
+            child, T = sensor_frame, T_odom_sensor
+        if self.tf is not None:
+            self.tf.send(messages.transform_stamped(T, stamp, self.odom_frame, child))
+        self.pub_odom.publish(messages.odometry(T, stamp, self.odom_frame, child))
+        self.path.header.stamp = stamp
+        self.path.poses.append(messages.pose_stamped(T, stamp, self.odom_frame))
+        if len(self.path.poses) > self._path_max:
+            del self.path.poses[0]
+        self.pub_path.publish(self.path)
+
+    def _publish_failure(self, header: Header, scan_id: int, text: str) -> None:
+        self.get_logger().warn(f"scan {scan_id}: {text}")
+        msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=False, message=text)
+        msg.transform.rotation.w = 1.0
+        self.pub_result.publish(msg)
+
+    def _publish_diagnostics(self) -> None:
+        st = self.stats
+        lat = np.array(self._latencies) if self._latencies else np.zeros(1)
+        rate = 0.0
+        if len(self._done_times) >= 2:
+            rate = (len(self._done_times) - 1) / max(self._done_times[-1] - self._done_times[0], 1e-9)
+        level = DiagnosticStatus.OK
+        text = "tracking"
+        if st["processed"] and st["failed"] > 0.5 * st["processed"]:
+            level, text = DiagnosticStatus.WARN, "more than half of the scans failed"
+        status = DiagnosticStatus(level=level, name="s2h_ros: registration", message=text,
+                                  hardware_id=self.get_fully_qualified_name())
+        values = dict(st, rate_hz=f"{rate:.2f}", latency_p50_ms=f"{1e3 * np.percentile(lat, 50):.1f}",
+                      latency_p95_ms=f"{1e3 * np.percentile(lat, 95):.1f}")
+        status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
+        self.pub_diag.publish(DiagnosticArray(header=Header(stamp=self.get_clock().now().to_msg()), status=[status]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    rclpy.init(args=argv if argv is not None else sys.argv)
+    try:
+        node = RegistrationNode()
+    except ConfigError as exc:
+        print(f"registration_node: invalid configuration: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.stop()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
