@@ -1,0 +1,260 @@
+"""Run registration methods side by side on pairs or sequences and measure them.
+
+Every method sees the same data in the same run, interleaved pair by pair, so timings share
+the machine's load. Per call the harness records wall time, the method's own stage timings,
+peak resident-memory growth and, on CUDA, torch's peak allocation.
+
+Peak memory: ``tracemalloc`` misses native allocations (Open3D, KISS-ICP, torch), so the
+harness reads the kernel's resident-set high-water mark instead. Before each call it writes
+``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0), which resets ``VmHWM`` to the current RSS;
+``VmHWM`` after the call minus ``VmRSS`` before is the call's peak growth. Where that file is
+not writable it falls back to the ``ru_maxrss`` delta, which only sees growth beyond the
+process's earlier peak (a lower bound); the record says which was used.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from s2h_ros.datasets.types import PointCloudPair, Scan, Sequence
+from s2h_ros.evaluation.metrics import RecallThreshold, pair_errors, sequence_metrics, summarize_pairs
+from s2h_ros.geometry import invert_transform
+
+# ------------------------------------------------------------------------------- memory
+
+
+def _proc_status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _torch_cuda():
+    """torch if it is already imported and sees a GPU (never imports torch for a baseline)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_available() else None
+
+
+@dataclass
+class Measurement:
+    wall_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    rss_method: str = ""  # "vmhwm" (exact peak growth) or "ru_maxrss" (lower bound)
+    cuda_peak_mb: float | None = None
+
+
+@contextmanager
+def measure() -> Iterator[Measurement]:
+    """Fill a :class:`Measurement` for the code inside ``with measure() as m:``."""
+    m = Measurement()
+    cuda = _torch_cuda()
+    cuda_base = 0
+    if cuda is not None:
+        cuda.cuda.synchronize()
+        cuda.cuda.reset_peak_memory_stats()
+        cuda_base = cuda.cuda.memory_allocated()
+    exact = _reset_rss_peak()
+    rss0 = _proc_status_kb("VmRSS") if exact else None
+    maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    try:
+        yield m
+    finally:
+        if cuda is not None:
+            cuda.cuda.synchronize()
+        m.wall_s = time.perf_counter() - t0
+        hwm = _proc_status_kb("VmHWM") if exact else None
+        if hwm is not None and rss0 is not None:
+            m.peak_rss_mb, m.rss_method = max(0, hwm - rss0) / 1024, "vmhwm"
+        else:  # ru_maxrss is KiB on Linux
+            grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss0
+            m.peak_rss_mb, m.rss_method = max(0, grown) / 1024, "ru_maxrss"
+        if cuda is not None:
+            m.cuda_peak_mb = (cuda.cuda.max_memory_allocated() - cuda_base) / 2**20
+
+
+# -------------------------------------------------------------------------------- pairs
+
+
+@dataclass
+class PairEvaluation:
+    """Per-pair records (one per method and pair) and the per-method summary."""
+
+    threshold: RecallThreshold
+    records: list[dict] = field(default_factory=list)
+    summary: dict[str, dict] = field(default_factory=dict)
+
+
+def _stage_means(records: list[dict]) -> dict[str, float]:
+    stages: dict[str, list[float]] = {}
+    for r in records:
+        for k, v in r["timings"].items():
+            stages.setdefault(k, []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in stages.items()}
+
+
+def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
+    """Recall/RE/TE (DGR style) plus time and memory statistics of one method's records."""
+    wall = np.array([r["wall_s"] for r in records])
+    rss = np.array([r["peak_rss_mb"] for r in records])
+    cuda = [r["cuda_peak_mb"] for r in records if r["cuda_peak_mb"] is not None]
+    return {
+        **summarize_pairs([r["re_deg"] for r in records], [r["te_m"] for r in records], threshold),
+        "reported_success": float(np.mean([r["success"] for r in records])),
+        "exceptions": int(sum(r["error"] is not None for r in records)),
+        "time_mean_s": float(wall.mean()),
+        "time_median_s": float(np.median(wall)),
+        "stage_time_mean_s": _stage_means(records),
+        "peak_rss_mb_max": float(rss.max()),
+        "peak_rss_mb_mean": float(rss.mean()),
+        "cuda_peak_mb_max": float(max(cuda)) if cuda else None,
+    }
+
+
+def run_pair(method: Any, pair: PointCloudPair) -> tuple[np.ndarray, dict]:
+    """One measured ``method.register`` call -> (``(4, 4)`` estimate or NaNs, record fields)."""
+    error = None
+    result = None
+    with measure() as m:
+        try:
+            result = method.register(pair.source, pair.target)
+        except Exception as err:  # a crash is a failed pair, recorded with its message
+            error = f"{type(err).__name__}: {err}"
+    T = np.full((4, 4), np.nan) if result is None else np.asarray(result.transform, dtype=np.float64)
+    record = {
+        "success": bool(result is not None and result.success),
+        "timings": {k: float(v) for k, v in (getattr(result, "timings", None) or {}).items()},
+        "error": error,
+        "wall_s": m.wall_s,
+        "peak_rss_mb": m.peak_rss_mb,
+        "rss_method": m.rss_method,
+        "cuda_peak_mb": m.cuda_peak_mb,
+    }
+    return T, record
+
+
+def evaluate_pairs(methods: dict[str, Any], pairs: Iterable[PointCloudPair], threshold: RecallThreshold,
+                   progress: bool = True, total: int | None = None) -> PairEvaluation:
+    """Register every pair with every method (interleaved) and score them against ``T_gt``."""
+    if not methods:
+        raise ValueError("no methods to evaluate")
+    for name, method in methods.items():
+        if not callable(getattr(method, "register", None)):
+            raise ValueError(f"method {name!r} has no register(source, target): it evaluates sequences only")
+    out = PairEvaluation(threshold=threshold)
+    if total is None and hasattr(pairs, "__len__"):
+        total = len(pairs)  # type: ignore[arg-type]
+    for k, pair in enumerate(tqdm(pairs, total=total, desc="pairs", unit="pair", disable=not progress)):
+        for name, method in methods.items():
+            T, record = run_pair(method, pair)
+            re, te = pair_errors(T[None], np.asarray(pair.T_gt, dtype=np.float64)[None])
+            ok = bool(re[0] < threshold.re_deg and te[0] < threshold.te_m)
+            out.records.append({"method": name, "pair": pair.name or str(k), "re_deg": float(re[0]),
+                                "te_m": float(te[0]), "registered": ok, **record})
+    if not out.records:
+        raise ValueError("no pairs to evaluate")
+    for name in methods:
+        out.summary[name] = summarize_method([r for r in out.records if r["method"] == name], threshold)
+    return out
+
+
+# ----------------------------------------------------------------------------- sequences
+
+
+class _Progress:
+    """A sequence seen through a tqdm bar (same scans, same poses)."""
+
+    def __init__(self, sequence: Sequence, desc: str, enabled: bool):
+        self._seq, self._desc, self._enabled = sequence, desc, enabled
+        self.name = sequence.name
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    def __getitem__(self, i: int) -> Scan:
+        return self._seq[i]
+
+    def __iter__(self) -> Iterator[Scan]:
+        return iter(tqdm(self._seq, total=len(self._seq), desc=self._desc, unit="scan",
+                         disable=not self._enabled, leave=False))
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        return self._seq.poses
+
+
+def chain_odometry(method: Any, sequence: Sequence) -> np.ndarray:
+    """Odometry from a pair method: register scan k to scan k-1 and compose, ``P_k = P_{k-1} T``.
+
+    A failed registration (``success`` false) keeps the previous relative motion (constant
+    velocity), as an odometry front end would.
+    """
+    poses = [np.eye(4)]
+    delta = np.eye(4)
+    previous = None
+    for scan in sequence:
+        if previous is not None:
+            result = method.register(scan.points, previous)
+            if result.success:
+                delta = np.asarray(result.transform, dtype=np.float64)
+            poses.append(poses[-1] @ delta)
+        previous = scan.points
+    return np.stack(poses)
+
+
+@dataclass
+class SequenceEvaluation:
+    """Estimated trajectories (first pose = identity), the truth, and metrics per method."""
+
+    name: str
+    gt: np.ndarray  # (N, 4, 4) in the first scan's frame
+    poses: dict[str, np.ndarray] = field(default_factory=dict)
+    summary: dict[str, dict] = field(default_factory=dict)
+
+
+def evaluate_sequence(methods: dict[str, Any], sequence: Sequence, progress: bool = True) -> SequenceEvaluation:
+    """Run each method's odometry over ``sequence`` (chained pairs if it has none) and score it."""
+    if not methods:
+        raise ValueError("no methods to evaluate")
+    if len(sequence) < 2:
+        raise ValueError(f"sequence {sequence.name!r} has {len(sequence)} scans; odometry needs at least 2")
+    gt = sequence.poses
+    if gt is None:
+        raise ValueError(f"sequence {sequence.name!r} has no ground-truth poses to evaluate against")
+    gt = np.asarray(gt, dtype=np.float64)
+    gt = invert_transform(gt[0]) @ gt
+    out = SequenceEvaluation(name=sequence.name, gt=gt)
+    for name, method in methods.items():
+        seq = _Progress(sequence, name, progress)
+        with measure() as m:
+            odometry = getattr(method, "odometry", None)
+            poses = odometry(seq) if callable(odometry) else chain_odometry(method, seq)
+        poses = np.asarray(poses, dtype=np.float64)
+        poses = invert_transform(poses[0]) @ poses
+        out.poses[name] = poses
+        out.summary[name] = {**sequence_metrics(gt, poses), "time_total_s": m.wall_s,
+                             "time_per_frame_ms": 1e3 * m.wall_s / len(poses),
+                             "peak_rss_mb": m.peak_rss_mb, "rss_method": m.rss_method,
+                             "cuda_peak_mb": m.cuda_peak_mb}
+    return out

@@ -1,0 +1,134 @@
+"""Registration methods as the harness sees them, and the registry that names them.
+
+A *pair method* has ``register(source (N, 3), target (M, 3)) -> result`` where the result
+carries ``.transform`` (4, 4) mapping source into target's frame, ``.success`` and a
+``.timings`` dict of seconds per stage. A *sequence method* has ``odometry(sequence) ->
+(len, 4, 4)`` sensor poses in the first scan's frame. The harness chains any pair method
+frame to frame when it has no ``odometry`` of its own.
+
+Methods are built by name through :data:`METHODS` and imported only when asked for, so a
+method whose code or dependency is missing (``s2h`` before ``s2h_ros.pipeline`` exists,
+KISS-ICP when ``kiss_icp`` is not installed) fails with :class:`MethodUnavailable` naming the
+problem, never with an ImportError when the evaluation package is imported.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from s2h_ros.datasets.types import Sequence
+
+
+class MethodUnavailable(RuntimeError):
+    """A method was named that cannot run in this installation (missing code or package)."""
+
+
+@dataclass
+class MethodResult:
+    """What a baseline's ``register`` returns (the pipeline returns its own, richer result)."""
+
+    transform: np.ndarray  # (4, 4) float64, maps source into target's frame
+    success: bool
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    info: dict[str, Any] = field(default_factory=dict)  # e.g. fitness, inlier count
+
+
+@runtime_checkable
+class PairMethod(Protocol):
+    name: str
+
+    def register(self, source: np.ndarray, target: np.ndarray) -> Any: ...
+
+
+@runtime_checkable
+class SequenceMethod(Protocol):
+    name: str
+
+    def odometry(self, sequence: Sequence) -> np.ndarray: ...
+
+
+# Dataset scale -> the settings every method is tuned to (voxel in metres).
+SCALES: dict[str, dict[str, float]] = {
+    "outdoor": {"voxel": 0.3},  # KITTI-like lidar (DGR protocol)
+    "indoor": {"voxel": 0.05},  # 3DMatch-like depth fragments
+}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    module: str  # imported lazily
+    factory: str  # attribute of module: callable(scale: str, **overrides) -> method
+    kinds: tuple[str, ...]  # "pairs", "sequence"
+    help: str
+
+
+METHODS: dict[str, MethodSpec] = {
+    "fpfh_ransac": MethodSpec(
+        "s2h_ros.evaluation.baselines", "FpfhRansac", ("pairs", "sequence"),
+        "Open3D FPFH + RANSAC (mutual filter, edge-length and distance checkers)"),
+    "fpfh_fgr": MethodSpec(
+        "s2h_ros.evaluation.baselines", "FpfhFgr", ("pairs", "sequence"),
+        "Open3D FPFH + Fast Global Registration"),
+    "icp": MethodSpec(
+        "s2h_ros.evaluation.baselines", "PointToPlaneIcp", ("pairs", "sequence"),
+        "Open3D point-to-plane ICP from identity (pairs) or the previous motion (sequences)"),
+    "kiss_icp": MethodSpec(
+        "s2h_ros.evaluation.baselines", "KissIcp", ("sequence",),
+        "KISS-ICP odometry (kiss_icp package)"),
+    "s2h": MethodSpec(
+        "s2h_ros.evaluation.methods", "PipelineMethod", ("pairs", "sequence"),
+        "SHM_DGR: s2h_ros.pipeline.register (FCGF + S2H matching + weighted Procrustes)"),
+}
+
+
+def make_method(name: str, scale: str = "outdoor", **overrides: Any) -> Any:
+    """Build the method registered as ``name`` with the settings for ``scale``."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r} (choose from {', '.join(SCALES)})")
+    spec = METHODS[name]
+    try:
+        module = importlib.import_module(spec.module)
+    except ImportError as err:
+        raise MethodUnavailable(f"method {name!r} cannot be imported: {err}") from err
+    factory: Callable[..., Any] = getattr(module, spec.factory)
+    return factory(scale=scale, **overrides)
+
+
+class PipelineMethod:
+    """The SHM_DGR pipeline (``s2h_ros.pipeline.register``) as a pair method named ``s2h``.
+
+    Without an explicit ``config`` it uses the pipeline's defaults with the scale's voxel size
+    (inlier distance 2 x voxel, as DGR) and ``device``. The pipeline reports stage timings in
+    milliseconds; they are converted to seconds like every other method's.
+    """
+
+    name = "s2h"
+
+    def __init__(self, scale: str = "outdoor", config: Any = None, voxel: float | None = None,
+                 device: str | None = None, **_: Any):
+        try:
+            pipeline = importlib.import_module("s2h_ros.pipeline")
+            self._register = pipeline.register
+        except (ImportError, AttributeError) as err:
+            raise MethodUnavailable(
+                "method 's2h' needs s2h_ros.pipeline.register(source_xyz, target_xyz, config), "
+                f"which this checkout does not provide ({err})") from err
+        if config is None:
+            from s2h_ros.config import RegistrationConfig
+
+            v = voxel if voxel is not None else SCALES[scale]["voxel"]
+            config = RegistrationConfig(voxel_size=v, inlier_distance=2.0 * v, device=device or "cpu")
+        self.config = config
+
+    def register(self, source: np.ndarray, target: np.ndarray) -> MethodResult:
+        r = self._register(source, target, config=self.config)
+        return MethodResult(
+            transform=np.asarray(r.transform, dtype=np.float64), success=bool(r.success),
+            timings={k: v / 1e3 for k, v in r.timings.items() if k != "total"},
+            info={"message": r.message, "inliers": r.num_inliers, "fitness": r.fitness,
+                  "used_fallback": r.used_fallback, "feature_kind": r.feature_kind})
