@@ -146,7 +146,7 @@ def read_pointcloud_bag(
                 points, _ = read_xyz(msg, skip_nans=skip_nans)
                 intensity = None
             pose = None if poses is None else poses.get(stamp_ns)
-            yield Scan(stamp=stamp_ns * 1e-9, points=points, pose=pose, intensity=intensity,
+            yield Scan(stamp=stamp_ns // 1_000_000_000 + (stamp_ns % 1_000_000_000) * 1e-9, points=points, pose=pose, intensity=intensity,
                        frame_id=frame_id, index=index)
     finally:
         reader.close()
