@@ -1,0 +1,194 @@
+"""SE(3) helpers, weighted Procrustes, voxel downsampling and registration error metrics.
+
+Conventions: points are rows, ``(N, 3)``; a transform ``T`` is ``(4, 4)`` with
+``x_target = T @ x_source``. Metrics and SE(3) helpers take numpy arrays or torch tensors and
+return the same kind; ``weighted_procrustes`` is torch (differentiable, any device).
+Nothing here is hand-written where a library does the job: SVD and determinants are torch,
+Euler angles are ``scipy.spatial.transform.Rotation``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.spatial.transform import Rotation
+
+Array = np.ndarray | torch.Tensor
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def _check_points(name: str, xyz: Array, batched: bool = False) -> None:
+    """One clear error for empty, wrongly shaped or non-finite point sets."""
+    ok_dims = (2, 3) if batched else (2,)
+    if xyz.ndim not in ok_dims or xyz.shape[-1] != 3:
+        raise ValueError(f"{name} must have shape (N, 3){' or (B, N, 3)' if batched else ''}, got {tuple(xyz.shape)}")
+    if xyz.shape[-2] == 0:
+        raise ValueError(f"{name} is empty (0 points)")
+    finite = torch.isfinite(xyz).all() if isinstance(xyz, torch.Tensor) else np.isfinite(xyz).all()
+    if not bool(finite):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def _is_torch(x: Array) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+# ------------------------------------------------------------------------------------ SE(3)
+
+
+def make_transform(R: Array, t: Array) -> Array:
+    """``(..., 3, 3)`` rotation and ``(..., 3)`` translation -> ``(..., 4, 4)`` homogeneous transform."""
+    if _is_torch(R):
+        T = torch.zeros(R.shape[:-2] + (4, 4), dtype=R.dtype, device=R.device)
+    else:
+        T = np.zeros(R.shape[:-2] + (4, 4), dtype=np.result_type(R, t, np.float32))
+    T[..., :3, :3] = R
+    T[..., :3, 3] = t
+    T[..., 3, 3] = 1
+    return T
+
+
+def invert_transform(T: Array) -> Array:
+    """Inverse of a rigid ``(..., 4, 4)`` transform: ``[R^T, -R^T t]`` (exact, no matrix inverse)."""
+    R, t = T[..., :3, :3], T[..., :3, 3]
+    Rt = R.transpose(-1, -2) if _is_torch(T) else np.swapaxes(R, -1, -2)
+    return make_transform(Rt, -(Rt @ t[..., None])[..., 0])
+
+
+def apply_transform(T: Array, xyz: Array) -> Array:
+    """``(N, 3)`` points mapped by ``(4, 4)`` ``T`` (or ``(B, N, 3)`` by ``(B, 4, 4)``): ``R x + t``."""
+    R, t = T[..., :3, :3], T[..., :3, 3]
+    Rt = R.transpose(-1, -2) if _is_torch(T) else np.swapaxes(R, -1, -2)
+    return xyz @ Rt + t[..., None, :]
+
+
+def random_rotation(rng: np.random.Generator, max_angle_deg: float = 180.0) -> np.ndarray:
+    """``(3, 3)`` float64 rotation about a uniformly random axis by an angle uniform in [0, max]."""
+    axis = rng.normal(size=3)
+    axis /= np.linalg.norm(axis)
+    angle = math.radians(max_angle_deg) * rng.uniform()
+    return Rotation.from_rotvec(axis * angle).as_matrix()
+
+
+# ------------------------------------------------------------------------------ Procrustes
+
+
+def weighted_procrustes(
+    src: torch.Tensor, tgt: torch.Tensor, weights: torch.Tensor, eps: float = 1e-12
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rigid ``(R, t)`` minimising ``sum_i w_i ||R x_i + t - y_i||^2`` (the paper's weighted Procrustes).
+
+    ``src``, ``tgt``: ``(N, 3)`` or ``(B, N, 3)``; ``weights``: ``(N,)`` or ``(B, N)``, >= 0.
+    Returns ``R (…, 3, 3)``, ``t (…, 3)``; differentiable, on the inputs' device.
+
+    The paper writes ``H = Y' K W K X^T`` with ``W = diag(w_bar)``, ``K = I - sqrt(w_bar) sqrt(w_bar)^T``.
+    Forming the N x N ``K`` is wasteful; ``sqrt(W) K sqrt(W)`` is exactly weighted centring, so
+    ``H = sum_i w_bar_i (y_i - mu_y)(x_i - mu_x)^T`` is computed instead. This equals the paper's
+    product whenever the weights are uniform on their support (the PPM case, w in {0, 1}) and is
+    the correct weighted form (DGR's) for soft weights. ``R = U E V^T`` with
+    ``E = diag(1, 1, det(U) det(V))`` (never a reflection), ``t = (Y' - R X) W 1 = mu_y - R mu_x``.
+
+    Raises ``ValueError`` when a weight vector sums to zero (no correspondence to fit), or on
+    negative / non-finite weights: a registration stage must see that failure, not NaN.
+    """
+    _check_points("src", src, batched=True)
+    _check_points("tgt", tgt, batched=True)
+    if src.shape != tgt.shape:
+        raise ValueError(f"src and tgt must have the same shape, got {tuple(src.shape)} and {tuple(tgt.shape)}")
+    if weights.shape != src.shape[:-1]:
+        raise ValueError(f"weights must have shape {tuple(src.shape[:-1])}, got {tuple(weights.shape)}")
+    if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+        raise ValueError("weights must be finite and non-negative")
+    total = weights.sum(-1, keepdim=True)
+    if bool((total <= eps).any()):
+        raise ValueError("weights sum to zero: no correspondence to estimate a transform from")
+    w_bar = (weights / total)[..., None]  # (…, N, 1)
+    mu_x = (w_bar * src).sum(-2)  # (…, 3)
+    mu_y = (w_bar * tgt).sum(-2)
+    H = ((tgt - mu_y[..., None, :]) * w_bar).transpose(-1, -2) @ (src - mu_x[..., None, :])  # (…, 3, 3)
+    U, _, Vh = torch.linalg.svd(H)
+    d = torch.linalg.det(U) * torch.linalg.det(Vh)
+    E = torch.diag_embed(torch.stack([torch.ones_like(d), torch.ones_like(d), torch.sign(d)], -1))
+    R = U @ E @ Vh
+    t = mu_y - (R @ mu_x[..., None])[..., 0]
+    return R, t
+
+
+# --------------------------------------------------------------------------------- voxels
+
+
+def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
+    """Indices ``(M,) int64`` of one point per occupied voxel (the lowest index in it), ascending.
+
+    Deterministic and keeps real points (no averaging), so features, normals and ground-truth
+    correspondences of the kept points stay valid.
+    """
+    points = np.asarray(points)
+    _check_points("points", points)
+    if not voxel > 0:
+        raise ValueError(f"voxel must be > 0, got {voxel}")
+    keys = np.floor(points / voxel).astype(np.int64)
+    _, first = np.unique(keys, axis=0, return_index=True)
+    return np.sort(first).astype(np.int64)
+
+
+# -------------------------------------------------------------------------------- metrics
+
+
+def rotation_error_deg(R_pred: Array, R_gt: Array) -> Array:
+    """Angle of ``R_gt^T R_pred`` in degrees: ``arccos((trace - 1) / 2)``, clamped to [-1, 1]. ``(…, 3, 3)`` -> ``(…)``."""
+    if _is_torch(R_pred):
+        trace = (R_gt.transpose(-1, -2) @ R_pred).diagonal(dim1=-2, dim2=-1).sum(-1)
+        return torch.rad2deg(torch.arccos(torch.clamp((trace - 1) / 2, -1.0, 1.0)))
+    trace = np.trace(np.swapaxes(R_gt, -1, -2) @ R_pred, axis1=-2, axis2=-1)
+    return np.degrees(np.arccos(np.clip((trace - 1) / 2, -1.0, 1.0)))
+
+
+def translation_error(t_pred: Array, t_gt: Array) -> Array:
+    """Euclidean distance between translations (metres): ``(…, 3)`` -> ``(…)``."""
+    if _is_torch(t_pred):
+        return torch.linalg.vector_norm(t_pred - t_gt, dim=-1)
+    return np.linalg.norm(np.asarray(t_pred) - np.asarray(t_gt), axis=-1)
+
+
+def transform_errors(T_pred: Array, T_gt: Array) -> tuple[Array, Array]:
+    """(RE in degrees, TE in metres) between ``(…, 4, 4)`` transforms."""
+    return (
+        rotation_error_deg(T_pred[..., :3, :3], T_gt[..., :3, :3]),
+        translation_error(T_pred[..., :3, 3], T_gt[..., :3, 3]),
+    )
+
+
+def registration_recall(re: Array, te: Array, re_thresh: float, te_thresh: float) -> float:
+    """Fraction of pairs with ``RE < re_thresh`` (deg) and ``TE < te_thresh`` (m), as in DGR/FCGF."""
+    re, te = np.asarray(re, dtype=np.float64).reshape(-1), np.asarray(te, dtype=np.float64).reshape(-1)
+    if re.size == 0 or re.shape != te.shape:
+        raise ValueError(f"re and te must be non-empty and of equal length, got {re.size} and {te.size}")
+    return float(np.mean((re < re_thresh) & (te < te_thresh)))
+
+
+def euler_errors(R_pred: Array, R_gt: Array, t_pred: Array, t_gt: Array) -> dict[str, float]:
+    """The ModelNet table metrics (DCP/RPMNet/SHM): RMSE and MAE of the ZYX Euler angles (deg)
+    and of the translation vector components, over a batch ``(B, 3, 3)``, ``(B, 3)``."""
+    to_np = lambda a: a.detach().cpu().double().numpy() if _is_torch(a) else np.asarray(a, dtype=np.float64)  # noqa: E731
+    R_pred, R_gt = to_np(R_pred).reshape(-1, 3, 3), to_np(R_gt).reshape(-1, 3, 3)
+    dt = to_np(t_pred).reshape(-1, 3) - to_np(t_gt).reshape(-1, 3)
+    de = Rotation.from_matrix(R_pred).as_euler("zyx", degrees=True) - Rotation.from_matrix(R_gt).as_euler(
+        "zyx", degrees=True
+    )
+    return {
+        "rmse_r_deg": float(np.sqrt(np.mean(de**2))),
+        "mae_r_deg": float(np.mean(np.abs(de))),
+        "rmse_t": float(np.sqrt(np.mean(dt**2))),
+        "mae_t": float(np.mean(np.abs(dt))),
+    }
+
+
+def correspondence_inlier_mask(
+    src: np.ndarray, tgt: np.ndarray, src_idx: np.ndarray, tgt_idx: np.ndarray, T_gt: np.ndarray, thresh: float
+) -> np.ndarray:
+    """``(K,) bool``: pair ``(src[src_idx[k]], tgt[tgt_idx[k]])`` lies within ``thresh`` after ``T_gt``."""
+    d = np.linalg.norm(apply_transform(np.asarray(T_gt), np.asarray(src)[src_idx]) - np.asarray(tgt)[tgt_idx], axis=1)
+    return d < thresh
