@@ -1,0 +1,179 @@
+"""The evaluation harness: measurement, side-by-side pair and sequence runs, reports and plots."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from s2h_ros.datasets.types import PointCloudPair, Scan
+from s2h_ros.evaluation.harness import chain_odometry, evaluate_pairs, evaluate_sequence, measure
+from s2h_ros.evaluation.methods import MethodResult
+from s2h_ros.evaluation.metrics import THRESHOLDS
+from s2h_ros.evaluation.plots import error_cdfs, trajectories_top_view
+from s2h_ros.evaluation.report import jsonable, pairs_table, sequence_table
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _transform(yaw_deg: float, t) -> np.ndarray:
+    T = np.eye(4)
+    T[:3, :3] = Rotation.from_euler("z", yaw_deg, degrees=True).as_matrix()
+    T[:3, 3] = t
+    return T
+
+
+class Identity:
+    """Answers identity for every pair: right only when the pair has (almost) not moved."""
+
+    name = "identity"
+
+    def register(self, source, target) -> MethodResult:
+        return MethodResult(transform=np.eye(4), success=True, timings={"solve": 0.001})
+
+
+class Crashes:
+    name = "crashes"
+
+    def register(self, source, target) -> MethodResult:
+        raise RuntimeError("solver exploded")
+
+
+class PoseOracle:
+    """Registers scan k to scan k-1 exactly from their stored poses; may refuse some frames."""
+
+    name = "oracle"
+
+    def __init__(self, poses_by_id: dict[int, np.ndarray], refuse: set[int] = frozenset()):
+        self.poses_by_id, self.refuse = poses_by_id, refuse
+
+    def register(self, source, target) -> MethodResult:
+        Ps, Pt = self.poses_by_id[id(source)], self.poses_by_id[id(target)]
+        return MethodResult(transform=np.linalg.inv(Pt) @ Ps, success=id(source) not in self.refuse)
+
+
+class Drive:
+    """A generated curving drive (1.5 m/frame) of random-point scans with known poses (world origin offset)."""
+
+    name = "generated_drive"
+
+    def __init__(self, frames: int = 100, rng=None, with_truth: bool = True):
+        self.with_truth = with_truth
+        rng = rng or np.random.default_rng(0)
+        offset = _transform(30.0, [100.0, -50.0, 2.0])  # truth does not start at identity
+        self._poses = np.stack([offset @ _transform(0.8 * k, [1.5 * k, 0.02 * k**1.5, 0]) for k in range(frames)])
+        self._scans = [Scan(stamp=0.1 * k, points=rng.normal(size=(50, 3)).astype(np.float32), pose=p, index=k)
+                       for k, p in enumerate(self._poses)]
+
+    def __len__(self):
+        return len(self._scans)
+
+    def __getitem__(self, i):
+        return self._scans[i]
+
+    def __iter__(self):
+        return iter(self._scans)
+
+    @property
+    def poses(self):
+        return self._poses if self.with_truth else None
+
+
+@pytest.fixture
+def pairs(rng) -> list[PointCloudPair]:
+    cloud = rng.normal(size=(200, 3)).astype(np.float32)
+    motions = [_transform(1.0, [0.1, 0, 0]), _transform(2.0, [0, 0.2, 0]), _transform(90.0, [5, 0, 0]),
+               _transform(0.0, [0.7, 0, 0])]
+    return [PointCloudPair(cloud, cloud, T, name=f"p{k}") for k, T in enumerate(motions)]
+
+
+def test_measure_sees_native_peak_memory_freed_before_the_block_ends():
+    with measure() as m:
+        block = np.ones(40 * 2**20 // 8)  # 40 MiB, touched, then freed
+        del block
+    assert m.rss_method in ("vmhwm", "ru_maxrss")
+    if m.rss_method == "vmhwm":  # exact peak growth on Linux
+        assert 35 < m.peak_rss_mb < 200
+    assert m.wall_s > 0
+    assert m.cuda_peak_mb is None or m.cuda_peak_mb >= 0
+
+
+def test_pairs_are_scored_per_method_side_by_side_and_crashes_are_failures(pairs):
+    ev = evaluate_pairs({"identity": Identity(), "crashes": Crashes()}, pairs, THRESHOLDS["kitti"], progress=False)
+    assert len(ev.records) == 2 * len(pairs)
+    assert [r["method"] for r in ev.records[:4]] == ["identity", "crashes", "identity", "crashes"]
+    ident = ev.summary["identity"]
+    assert ident["recall"] == pytest.approx(0.5)  # 1 deg/0.1 m and 2 deg/0.2 m pass; 90 deg and 0.7 m fail
+    assert ident["re_mean_deg"] == pytest.approx(1.5) and ident["te_mean_m"] == pytest.approx(0.15)
+    assert ident["stage_time_mean_s"] == {"solve": pytest.approx(0.001)}
+    crash = ev.summary["crashes"]
+    assert crash["recall"] == 0 and crash["exceptions"] == len(pairs) and crash["reported_success"] == 0
+    assert "solver exploded" in ev.records[1]["error"]
+
+
+def test_sequence_only_method_is_refused_for_pairs(pairs):
+    class OdometryOnly:
+        def odometry(self, sequence):
+            return sequence.poses
+
+    with pytest.raises(ValueError, match="'kiss' has no register"):
+        evaluate_pairs({"kiss": OdometryOnly()}, pairs, THRESHOLDS["kitti"], progress=False)
+
+
+def test_chained_exact_registrations_reproduce_the_trajectory_and_refusals_keep_velocity():
+    seq = Drive(frames=20)
+    poses_by_id = {id(s.points): s.pose for s in seq}
+    exact = chain_odometry(PoseOracle(poses_by_id), seq)
+    truth = np.linalg.inv(seq.poses[0]) @ seq.poses
+    np.testing.assert_allclose(exact, truth, atol=1e-9)
+    refused = chain_odometry(PoseOracle(poses_by_id, refuse={id(seq[7].points)}), seq)
+    np.testing.assert_allclose(refused[:7], truth[:7], atol=1e-9)
+    step6 = np.linalg.inv(truth[5]) @ truth[6]
+    np.testing.assert_allclose(refused[7], refused[6] @ step6, atol=1e-9)  # constant velocity
+
+
+def test_sequence_evaluation_rebases_truth_and_reports_drift_and_time():
+    seq = Drive(frames=100)
+    poses_by_id = {id(s.points): s.pose for s in seq}
+
+    class Drifting:
+        """Odometry that stretches the true path by 2 %."""
+
+        def odometry(self, sequence):
+            rel = np.linalg.inv(sequence.poses[0]) @ sequence.poses
+            out = rel.copy()
+            out[:, :3, 3] *= 1.02
+            return out
+
+    ev = evaluate_sequence({"oracle": PoseOracle(poses_by_id), "drifting": Drifting()}, seq, progress=False)
+    np.testing.assert_allclose(ev.gt[0], np.eye(4), atol=1e-12)
+    exact, drift = ev.summary["oracle"], ev.summary["drifting"]
+    assert exact["length_m"] > 100 and exact["segments"] > 0
+    assert exact["t_err_pct"] == pytest.approx(0, abs=1e-6) and exact["ate_rmse_m"] == pytest.approx(0, abs=1e-6)
+    assert 1.9 < drift["t_err_pct"] < 2.2 and drift["ate_rmse_m"] > 0.1
+    assert exact["time_per_frame_ms"] > 0 and exact["frames"] == 100
+
+
+def test_sequence_without_truth_or_too_short_is_rejected():
+    with pytest.raises(ValueError, match="at least 2"):
+        evaluate_sequence({"i": Identity()}, Drive(frames=1), progress=False)
+    with pytest.raises(ValueError, match="no ground-truth poses"):
+        evaluate_sequence({"i": Identity()}, Drive(frames=5, with_truth=False), progress=False)
+
+
+def test_reports_are_valid_json_markdown_and_png(pairs, tmp_path):
+    ev = evaluate_pairs({"identity": Identity(), "crashes": Crashes()}, pairs, THRESHOLDS["kitti"], progress=False)
+    text = json.dumps(jsonable({"summary": ev.summary, "pairs": ev.records}), allow_nan=False)
+    assert json.loads(text)["summary"]["crashes"]["re_mean_deg"] is None
+    table = pairs_table(ev.summary).splitlines()
+    assert table[0].startswith("| method | pairs | recall (%)") and len(table) == 4
+    assert table[2].startswith("| identity | 4 | 50.0 | 1.50 | 15.0 |")
+    cdf = error_cdfs(ev.records, tmp_path / "cdf.png", 5.0, 0.6)
+    assert cdf.read_bytes()[:8] == PNG_MAGIC
+
+    seq = Drive(frames=30)
+    sev = evaluate_sequence({"oracle": PoseOracle({id(s.points): s.pose for s in seq})}, seq, progress=False)
+    assert sequence_table(sev.summary).splitlines()[2].startswith("| oracle | 30 |")
+    top = trajectories_top_view(sev.gt, sev.poses, tmp_path / "traj.png", title=seq.name)
+    assert top.read_bytes()[:8] == PNG_MAGIC
