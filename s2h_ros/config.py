@@ -16,7 +16,7 @@ from typing import Any
 _CHOICES: dict[str, tuple[str, ...]] = {
     "features": ("auto", "fcgf", "fpfh"),
     "matcher": ("s2h", "nn", "mutual_nn"),
-    "outlier_profit": ("calibrated", "literal", "slack", "constant"),
+    "outlier_profit": ("inverse_variance", "scaled_inverse_variance", "slack", "constant"),  # matching.OUTLIER_RULES
     "refine": ("icp", "none"),
 }
 
@@ -43,12 +43,12 @@ class RegistrationConfig:
     k: int = field(default=16, metadata=_meta("feature-space neighbours per point, both directions (S2H support)", 1, 256))
     sinkhorn_iters: int = field(default=5, metadata=_meta("augmented Sinkhorn iterations (S-step)", 1, 1000))
     temperature: float = field(default=0.1, metadata=_meta("score = -||f_x - f_y||^2 / temperature", 1e-4, 100.0))
-    outlier_profit: str = field(default="calibrated", metadata=_meta("H-step outlier profit: calibrated, literal (1/var), slack, constant"))
-    outlier_constant: float = field(default=5e-5, metadata=_meta("profit of leaving a point unmatched when outlier_profit=constant", 0.0, 1e3))
+    outlier_profit: str = field(default="slack", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance, slack, constant"))
+    outlier_scale: float = field(default=-1.0, metadata=_meta("scale of the outlier-profit rule; negative: the rule's calibrated default", -1.0, 1e6))
 
     use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))
     weight_floor: float = field(default=0.05, metadata=_meta("inlier weights below this are zeroed (DGR)", 0.0, 1.0))
-    safeguard_min_weight: float = field(default=30.0, metadata=_meta("below max(this, safeguard_ratio * candidates) of weight sum: RANSAC fallback", 0.0, 1e6))
+    safeguard_min_weight: float = field(default=30.0, metadata=_meta("below max(this, safeguard_ratio * source voxels) of weight sum: RANSAC fallback (DGR)", 0.0, 1e6))
     safeguard_ratio: float = field(default=0.05, metadata=_meta("see safeguard_min_weight", 0.0, 1.0))
     ransac_iters: int = field(default=50000, metadata=_meta("RANSAC iterations of the safeguard fallback", 100, 10_000_000))
 

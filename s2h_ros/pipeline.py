@@ -190,7 +190,7 @@ class Registrar:
         used_fallback = False
         message = ""
         with timer.stage("procrustes"):
-            threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * max(n_cand, 1))
+            threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * len(src.xyz))
             if len(pairs) >= 3 and weight_sum >= threshold:
                 R, t = geometry.weighted_procrustes(
                     torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
@@ -288,16 +288,21 @@ def match_features(
             iters=cfg.sinkhorn_iters,
             temperature=cfg.temperature,
             outlier_profit=cfg.outlier_profit,
-            outlier_constant=cfg.outlier_constant,
+            scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
         )
-        pairs = np.stack([np.asarray(m.src_idx), np.asarray(m.tgt_idx)], 1).astype(np.int64)
-        return pairs, np.asarray(m.p_values, dtype=np.float32), int(m.num_candidates)
-    from s2h_ros.matching import nearest_neighbor_matches
+        pairs = torch.stack([m.src_idx, m.tgt_idx], 1).cpu().numpy().astype(np.int64)
+        return pairs, m.p_values.detach().cpu().numpy().astype(np.float32), int(m.rows.numel())
+    from s2h_ros.matching import feature_knn
 
-    src_idx, tgt_idx = nearest_neighbor_matches(feat_x, feat_y, mutual=cfg.matcher == "mutual_nn")
-    pairs = np.stack([np.asarray(src_idx), np.asarray(tgt_idx)], 1).astype(np.int64)
-    n_cand = len(feat_x) if cfg.matcher == "nn" else len(pairs)
-    return pairs, np.ones(len(pairs), np.float32), n_cand
+    # DGR: every source voxel's nearest target voxel in feature space; mutual: kept if reciprocal.
+    nn_y = feature_knn(feat_x, feat_y, 1)[:, 0]
+    src_idx = torch.arange(len(feat_x), device=feat_x.device)
+    if cfg.matcher == "mutual_nn":
+        nn_x = feature_knn(feat_y, feat_x, 1)[:, 0]
+        keep = nn_x[nn_y] == src_idx
+        src_idx, nn_y = src_idx[keep], nn_y[keep]
+    pairs = torch.stack([src_idx, nn_y], 1).cpu().numpy().astype(np.int64)
+    return pairs, np.ones(len(pairs), np.float32), len(feat_x)
 
 
 def ransac_on_correspondences(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
