@@ -1,0 +1,105 @@
+"""S2H: straight-through PPM, gradients to every score, and the sparse lidar-scale entry s2h_match."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from s2h_ros.matching import (
+    augmented_sinkhorn,
+    candidate_support,
+    inlier_count_loss,
+    matching_loss,
+    partial_permutation,
+    s2h_match,
+    soft_to_hard,
+)
+
+
+def _planted_features(n: int, n_inliers: int, noise: float, seed: int = 0, dim: int = 16):
+    """Unit features; the first n_inliers source points have a noisy copy in the target at perm."""
+    g = torch.Generator().manual_seed(seed)
+    fx = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1)
+    fy = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1)
+    perm = torch.randperm(n, generator=g)[:n_inliers]
+    fy[perm] = torch.nn.functional.normalize(fx[:n_inliers] + noise * torch.randn(n_inliers, dim, generator=g), dim=1)
+    return fx, fy, perm
+
+
+def test_forward_is_the_h_step_of_the_s_step():
+    scores = torch.randn(12, 15, generator=torch.Generator().manual_seed(0)) * 4
+    M, P = soft_to_hard(scores, iters=5, return_soft=True)
+    assert torch.equal(M, partial_permutation(augmented_sinkhorn(scores, iters=5)))
+    assert torch.equal(P, augmented_sinkhorn(scores, iters=5))
+    assert set(M.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_backward_hands_the_gradient_to_P_unchanged():
+    P = augmented_sinkhorn(torch.randn(6, 7, generator=torch.Generator().manual_seed(1)) * 5).requires_grad_()
+    upstream = torch.randn(6, 7, generator=torch.Generator().manual_seed(2))
+    M = soft_to_hard(P, is_soft=True)
+    (M * upstream).sum().backward()
+    assert torch.equal(P.grad, upstream)
+
+
+def test_gradient_of_the_paper_losses_reaches_every_score_not_only_matched_ones():
+    g = torch.Generator().manual_seed(3)
+    scores = (3 * torch.randn(2, 10, 9, generator=g)).requires_grad_()
+    M_gt = torch.zeros(2, 10, 9)
+    M_gt[:, torch.arange(6), torch.arange(6)] = 1
+    M = soft_to_hard(scores, iters=5)
+    assert M.sum() < 18  # the hard matrix is sparse ...
+    (matching_loss(M, M_gt) + inlier_count_loss(M)).backward()
+    assert torch.isfinite(scores.grad).all()
+    assert (scores.grad != 0).all()  # ... yet every score is supervised through Sinkhorn
+
+
+def test_plain_hard_matching_would_supervise_only_matched_entries():
+    """Contrast: with the gradient taken at M itself (hard matching), unmatched entries get nothing."""
+    scores = (3 * torch.randn(10, 9, generator=torch.Generator().manual_seed(4))).requires_grad_()
+    M = soft_to_hard(scores.detach(), is_soft=True)
+    hard = scores * M  # gradient flows only where M = 1
+    inlier_count_loss(hard).backward()
+    assert ((scores.grad != 0) == (M == 1)).all()
+
+
+def test_candidate_support_holds_both_nearest_neighbour_directions():
+    fx, fy, _ = _planted_features(50, 20, 0.3, seed=5)
+    rows, cols = candidate_support(fx, fy, k=3)
+    edges = set(zip(rows.tolist(), cols.tolist()))
+    assert len(edges) == rows.numel()  # unique
+    d = torch.cdist(fx, fy)
+    assert all((i, j) in edges for i, j in enumerate(d.argmin(1).tolist()))
+    assert all((i, j) in edges for j, i in enumerate(d.argmin(0).tolist()))
+    assert torch.all(rows[1:] >= rows[:-1])
+
+
+def test_candidate_support_rejects_bad_features():
+    with pytest.raises(ValueError, match="NaN"):
+        candidate_support(torch.full((3, 4), float("nan")), torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="dimensions"):
+        candidate_support(torch.zeros(3, 4), torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="non-empty"):
+        candidate_support(torch.zeros(0, 4), torch.zeros(3, 4))
+
+
+def test_s2h_match_recovers_planted_correspondences_and_rejects_outliers():
+    n, n_in = 400, 200
+    fx, fy, perm = _planted_features(n, n_in, 0.05, seed=6)
+    res = s2h_match(fx, fy, k=8, iters=10, temperature=0.05, slack_score=-4.0)
+    src, tgt = res.src_idx.numpy(), res.tgt_idx.numpy()
+    assert len(np.unique(src)) == len(src) and len(np.unique(tgt)) == len(tgt)
+    correct = (src < n_in) & (tgt == perm.numpy()[np.minimum(src, n_in - 1)])
+    assert correct.sum() >= 0.95 * n_in  # recall
+    assert correct.mean() >= 0.9  # precision: outliers mostly left unmatched
+    # p_values are P on exactly those pairs, and carry gradient to the features
+    lookup = {(int(r), int(c)): float(v) for r, c, v in zip(res.rows, res.cols, res.p.detach())}
+    assert all(abs(lookup[(int(s), int(t))] - float(v)) < 1e-7 for s, t, v in zip(src, tgt, res.p_values.detach()))
+
+
+def test_s2h_match_is_differentiable_in_the_features():
+    fx, fy, _ = _planted_features(60, 30, 0.1, seed=7)
+    fx.requires_grad_()
+    res = s2h_match(fx, fy, k=4, iters=5, temperature=0.1, slack_score=-3.0)
+    res.p_values.sum().backward()
+    assert torch.isfinite(fx.grad).all() and fx.grad.abs().sum() > 0
