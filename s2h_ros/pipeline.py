@@ -184,14 +184,15 @@ class Registrar:
         with timer.stage("match", self.device):
             pairs, probs, n_cand = match_features(src.features, tgt.features, cfg)
         with timer.stage("inlier", self.device):
-            weights = self._inlier_weights(src.xyz, tgt.xyz, pairs, probs)
+            weights, learned = self._inlier_weights(src.xyz, tgt.xyz, pairs, probs)
         weight_sum = float(weights.sum())
         T = np.eye(4)
         used_fallback = False
         message = ""
         with timer.stage("procrustes"):
             threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * len(src.xyz))
-            if len(pairs) >= 3 and weight_sum >= threshold:
+            # Without a learned inlier network the weights say little about outliers: go robust.
+            if learned and len(pairs) >= 3 and weight_sum >= threshold:
                 R, t = geometry.weighted_procrustes(
                     torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
                     torch.from_numpy(tgt.xyz[pairs[:, 1]]).double(),
@@ -241,21 +242,21 @@ class Registrar:
         )
         return result
 
-    def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> np.ndarray:
-        """DGR's learned weights when available, else the S-step probabilities of the pairs."""
+    def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
+        """DGR's learned weights when available (True), else the S-step probabilities (False)."""
         cfg = self.config
         if len(pairs) == 0:
-            return np.zeros(0, np.float32)
+            return np.zeros(0, np.float32), False
         use_net = cfg.use_inlier_model and self.feature_kind() == "fcgf"
         inlier_net = self._load_models().inlier if use_net else None
         if inlier_net is None:
-            return probs.astype(np.float32)
+            return probs.astype(np.float32), False
         from s2h_ros.models.inlier import correspondence_weights
 
         w = correspondence_weights(inlier_net, src_xyz[pairs[:, 0]], tgt_xyz[pairs[:, 1]], cfg.voxel_size, self.device)
         w = np.asarray(w, dtype=np.float32)
         w[w < cfg.weight_floor] = 0.0
-        return w
+        return w, True
 
 
 # ---------------------------------------------------------------------------- stages

@@ -49,3 +49,26 @@ class Sequence(Protocol):
     def poses(self) -> np.ndarray | None:
         """(len, 4, 4) float64 ground-truth sensor poses in the first scan's world frame."""
         ...
+
+
+class ScanList:
+    """A ``Sequence`` over scans already in memory (e.g. read from a rosbag2 file)."""
+
+    def __init__(self, scans: list[Scan], name: str = "scans") -> None:
+        self.scans = list(scans)
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.scans)
+
+    def __getitem__(self, i: int) -> Scan:
+        return self.scans[i]
+
+    def __iter__(self) -> Iterator[Scan]:
+        return iter(self.scans)
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        if not self.scans or any(s.pose is None for s in self.scans):
+            return None
+        return np.stack([s.pose for s in self.scans])
