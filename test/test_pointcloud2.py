@@ -297,3 +297,16 @@ def test_rosbags_and_rclpy_messages_decode_the_same_bytes(kitti_scan):
     again = deserialize_message(bytes(store.serialize_cdr(rosbags_msg, "sensor_msgs/msg/PointCloud2")),
                                 PointCloud2)
     np.testing.assert_array_equal(read_xyz(again)[0], kitti_scan[:5000])
+
+
+def test_benchmark_agrees_with_the_per_point_baseline_and_reports_ratios():
+    import argparse
+
+    from s2h_ros.benchmarks import pointcloud2 as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    result = bench.run(parser.parse_args(["--points", "3000", "--repeats", "2", "--baseline-repeats", "1"]))
+    assert result["points"] == 3000 and result["bytes"] == 3000 * 22
+    assert 0 < result["dropped_in_nan_case"] < 3000
+    assert result["decode_speedup_vs_loop"] > 0 and result["encode_speedup_vs_loop"] > 0
