@@ -137,6 +137,25 @@ def test_big_endian_flag_is_honoured(rng):
     np.testing.assert_array_equal(fields["ring"], [r["ring"] for r in records])
 
 
+PACKED_LAYOUT = [  # x, y, z adjacent float32 (the common case, decoded in one pass) after intensity
+    PointFieldLike("intensity", 0, FLOAT32),
+    PointFieldLike("x", 4, FLOAT32),
+    PointFieldLike("y", 8, FLOAT32),
+    PointFieldLike("z", 12, FLOAT32),
+    PointFieldLike("ring", 16, UINT16),
+]
+
+
+@pytest.mark.parametrize("bigendian", [False, True])
+def test_adjacent_xyz_decode_honours_offset_endianness_and_row_padding(rng, bigendian):
+    records, xyz = lidar_records(rng, 3 * 7)
+    records[4]["y"] = float("nan")
+    cloud = pack_cloud(records, PACKED_LAYOUT, point_step=20, height=3, row_pad=6, bigendian=bigendian)
+    out, dropped = read_xyz(cloud)
+    assert dropped == 1
+    np.testing.assert_array_equal(out, np.delete(xyz, 4, axis=0))
+
+
 def test_float64_coordinates_are_read(rng):
     xyz = rng.uniform(-1e3, 1e3, size=(20, 3))
     layout = [PointFieldLike(c, 8 * i, FLOAT64) for i, c in enumerate("xyz")]

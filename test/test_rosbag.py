@@ -133,3 +133,17 @@ def test_writer_refuses_to_overwrite_and_unknown_storage(tmp_path, scans):
     assert len(list(read_pointcloud_bag(again, "/points"))) == 1
     with pytest.raises(ValueError, match="storage must be one of"):
         write_pointcloud_bag(tmp_path / "other", scans[:1], storage="bag")
+
+
+def test_rosbag_sequence_gives_scans_and_poses_relative_to_the_first(tmp_path, scans):
+    from s2h_ros.datasets.rosbag import RosbagSequence
+
+    bag = write_pointcloud_bag(tmp_path / "bag", scans, storage="sqlite3")
+    seq = RosbagSequence(bag, "/points")
+    assert len(seq) == 3 and seq.name == "bag:/points"
+    np.testing.assert_array_equal(seq[1].points, scans[1].points)
+    poses = seq.poses
+    np.testing.assert_allclose(poses[0], np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(poses[2], np.linalg.inv(scans[0].pose) @ scans[2].pose, atol=1e-9)
+    assert len(RosbagSequence(bag, "/points", max_scans=2)) == 2
+    assert RosbagSequence(bag, "/points", tf_topic=None).poses is None

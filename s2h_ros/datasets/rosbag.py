@@ -238,3 +238,39 @@ def write_pointcloud_bag(
     if poses is not None and len(poses) != count:
         raise ValueError(f"tf holds {len(poses)} poses for {count} scans")
     return path
+
+
+class RosbagSequence:
+    """A PointCloud2 topic of a rosbag2 as a :class:`~s2h_ros.datasets.types.Sequence`.
+
+    Scans are read once, when the sequence is made (bags for evaluation are short; stream with
+    :func:`read_pointcloud_bag` otherwise). ``poses`` are the TF ground truth re-expressed in the
+    first scan's frame (first pose = identity, as KITTI's), or None when a scan has no pose.
+    """
+
+    def __init__(self, path: str | Path, topic: str, tf_topic: str | None = "/tf",
+                 max_scans: int | None = None) -> None:
+        self.path = Path(path)
+        self.name = f"{self.path.name}:{topic}"
+        self.scans: list[Scan] = []
+        for scan in read_pointcloud_bag(self.path, topic, tf_topic):
+            if max_scans is not None and len(self.scans) >= max_scans:
+                break
+            self.scans.append(scan)
+
+    def __len__(self) -> int:
+        return len(self.scans)
+
+    def __getitem__(self, i: int) -> Scan:
+        return self.scans[i]
+
+    def __iter__(self) -> Iterator[Scan]:
+        return iter(self.scans)
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        """(len, 4, 4) float64 sensor poses relative to the first scan, or None."""
+        if not self.scans or any(s.pose is None for s in self.scans):
+            return None
+        world = np.stack([s.pose for s in self.scans])
+        return np.linalg.inv(world[0]) @ world
