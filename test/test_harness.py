@@ -177,3 +177,43 @@ def test_reports_are_valid_json_markdown_and_png(pairs, tmp_path):
     assert sequence_table(sev.summary).splitlines()[2].startswith("| oracle | 30 |")
     top = trajectories_top_view(sev.gt, sev.poses, tmp_path / "traj.png", title=seq.name)
     assert top.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_eval_command_writes_json_table_and_plot_for_the_real_3dmatch_pair(tmp_path, capsys):
+    from s2h_ros.cli import main
+
+    out = tmp_path / "demo.json"
+    rc = main(["eval", "--dataset", "3dmatch-demo", "--methods", "icp,fpfh_ransac", "--json", str(out),
+               "--markdown", str(tmp_path / "demo.md"), "--plots", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["scale"] == "indoor" and result["threshold"] == {"re_deg": 15.0, "te_m": 0.3}
+    assert set(result["summary"]) == {"icp", "fpfh_ransac"}
+    assert result["summary"]["fpfh_ransac"]["recall"] == 1.0  # RANSAC registers this real pair
+    assert result["settings"]["fpfh_ransac"]["settings"]["voxel"] == 0.05
+    assert "| fpfh_ransac | 1 | 100.0 |" in capsys.readouterr().out
+    assert (tmp_path / "demo.md").read_text() == result["table"]
+    assert (tmp_path / "3dmatch-demo_error_cdf.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_eval_command_refuses_a_sequence_method_on_pairs_with_a_clear_message():
+    from s2h_ros.cli import main
+
+    with pytest.raises(SystemExit, match="'kiss_icp' evaluates sequence only, not pairs"):
+        main(["eval", "--dataset", "3dmatch-demo", "--methods", "kiss_icp", "--no-progress"])
+    with pytest.raises(SystemExit, match="needs --root"):
+        main(["eval", "--dataset", "kitti", "--methods", "icp", "--no-progress"])
+
+
+def test_eval_command_runs_kiss_icp_on_a_short_simulated_sequence(tmp_path):
+    pytest.importorskip("kiss_icp")
+    from s2h_ros.cli import main
+
+    out = tmp_path / "seq.json"
+    rc = main(["eval", "--dataset", "synthetic", "--task", "sequence", "--length-m", "20", "--limit", "4",
+               "--methods", "kiss_icp", "--json", str(out), "--plots", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    summary = json.loads(out.read_text())["summary"]["kiss_icp"]
+    assert summary["frames"] == 4 and summary["segments"] == 0  # far shorter than 100 m
+    assert summary["ate_rmse_m"] < 0.5
+    assert (tmp_path / "synthetic_trajectory.png").read_bytes()[:8] == PNG_MAGIC

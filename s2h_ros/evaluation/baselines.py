@@ -190,13 +190,13 @@ class KissIcp:
     """KISS-ICP (Vizzo et al. 2023) odometry through the ``kiss_icp`` package's KissICP class.
 
     Deskewing is off: the scans the harness feeds carry no per-point timestamps. The voxel size
-    is KISS-ICP's own default (max_range / 100), not the registration voxel.
+    is KISS-ICP's own default (max_range / 100: 1 m outdoors), not the registration voxel.
     """
 
     name = "kiss_icp"
 
     def __init__(self, scale: str = "outdoor", max_range: float | None = None,
-                 min_range: float | None = None, voxel: float | None = None, **_: Any):
+                 min_range: float | None = None, threads: int = 0, **_: Any):
         try:
             from kiss_icp.config import KISSConfig
             from kiss_icp.kiss_icp import KissICP
@@ -208,6 +208,7 @@ class KissIcp:
         config.data.min_range = 0.0 if min_range is None else min_range
         config.data.deskew = False
         config.mapping.voxel_size = config.data.max_range / 100.0
+        config.registration.max_num_threads = threads  # 0: all cores
         self.config = config
         self._kiss_icp = KissICP
 

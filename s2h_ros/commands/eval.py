@@ -1,0 +1,257 @@
+"""``s2h eval``: run registration methods side by side on pairs or a sequence.
+
+Pairs (synthetic, kitti-pairs, 3dmatch, kitti-loop, 3dmatch-demo) give recall / RE / TE / time
+/ peak memory per method; sequences (kitti, synthetic --task sequence, bag) give KITTI drift,
+ATE and time per frame. Writes a Markdown table to stdout (and ``--markdown``), the full
+results with ``--json``, and PNG plots (error CDFs, top-view trajectories) with ``--plots``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATASETS = ("synthetic", "kitti", "kitti-pairs", "3dmatch", "kitti-loop", "3dmatch-demo", "bag")
+SEQUENCE_DATASETS = ("kitti", "bag")
+INDOOR_DATASETS = ("3dmatch", "3dmatch-demo")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, choices=DATASETS)
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated from fpfh_ransac,fpfh_fgr,icp,kiss_icp,s2h "
+                             "(default: every method that applies to the task)")
+    parser.add_argument("--task", choices=("pairs", "sequence"), default=None,
+                        help="pairs or sequence (default: sequence for kitti/bag, pairs otherwise)")
+    parser.add_argument("--root", type=Path, help="KITTI odometry root, 3DMatch fragments root, or rosbag2 path")
+    parser.add_argument("--gt-root", type=Path, help="3DMatch benchmark root holding 3DMatch/<scene>/gt.log")
+    parser.add_argument("--benchmark", default="3DMatch", choices=("3DMatch", "3DLoMatch"))
+    parser.add_argument("--sequence", default="0", help="KITTI sequence id (kitti)")
+    parser.add_argument("--split", default="test", help="KITTI pair-list split (kitti-pairs)")
+    parser.add_argument("--topic", default="/points", help="PointCloud2 topic (bag)")
+    parser.add_argument("--n-pairs", type=int, default=200, help="synthetic pairs")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic world seed")
+    parser.add_argument("--kind", choices=("outdoor", "indoor"), default="outdoor", help="synthetic world")
+    parser.add_argument("--min-distance", type=float, default=10.0, help="synthetic pairs: metres apart (min)")
+    parser.add_argument("--max-distance", type=float, default=20.0, help="synthetic pairs: metres apart (max)")
+    parser.add_argument("--length-m", type=float, default=1000.0, help="synthetic sequence length")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N pairs / scans")
+    parser.add_argument("--voxel", type=float, default=None, help="override every method's voxel size (m)")
+    parser.add_argument("--device", default=None, help="torch device for s2h (cpu, cuda)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch, Open3D and KISS-ICP")
+    parser.add_argument("--json", type=Path, help="write all results here as JSON")
+    parser.add_argument("--markdown", type=Path, help="write the results table here")
+    parser.add_argument("--plots", type=Path, help="write PNG plots into this folder")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+# ------------------------------------------------------------------------------- data
+
+
+class ListSequence:
+    """Scans held in memory as a ``Sequence`` (for readers that only stream, e.g. rosbag2)."""
+
+    def __init__(self, name: str, scans: list):
+        self.name, self._scans = name, scans
+
+    def __len__(self) -> int:
+        return len(self._scans)
+
+    def __getitem__(self, i: int):
+        return self._scans[i]
+
+    def __iter__(self):
+        return iter(self._scans)
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        if any(s.pose is None for s in self._scans):
+            return None
+        return np.stack([s.pose for s in self._scans])
+
+
+class PrefixSequence:
+    """The first ``n`` scans of a sequence."""
+
+    def __init__(self, sequence: Any, n: int):
+        self._seq, self._n = sequence, min(n, len(sequence))
+        self.name = f"{sequence.name}[:{self._n}]"
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._seq[i]
+
+    def __iter__(self):
+        return (self._seq[i] for i in range(self._n))
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        poses = self._seq.poses
+        return None if poses is None else poses[: self._n]
+
+
+def _need_root(args: argparse.Namespace, what: str) -> Path:
+    if args.root is None:
+        raise SystemExit(f"s2h eval: --dataset {args.dataset} needs --root ({what})")
+    return args.root
+
+
+def load_pairs(args: argparse.Namespace) -> list:
+    """The dataset's pairs as a list (or a lazily loading sequence of pairs)."""
+    from itertools import islice
+
+    if args.dataset == "synthetic":
+        from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
+
+        n = args.n_pairs if args.limit is None else min(args.n_pairs, args.limit)
+        return synthetic_pairs(n, args.seed, min_distance=args.min_distance, max_distance=args.max_distance,
+                               kind=args.kind)
+    if args.dataset == "kitti-loop":
+        from s2h_ros.datasets.kitti import kitti_loop_pair
+
+        return [kitti_loop_pair()]
+    if args.dataset == "3dmatch-demo":
+        from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
+
+        return [threedmatch_demo_pair()]
+    if args.dataset == "kitti-pairs":
+        from s2h_ros.datasets.kitti import kitti_benchmark_pairs
+
+        pairs = kitti_benchmark_pairs(_need_root(args, "KITTI odometry root"), args.split)
+    elif args.dataset == "3dmatch":
+        from s2h_ros.datasets.threedmatch import threedmatch_pairs
+
+        if args.gt_root is None:
+            raise SystemExit("s2h eval: --dataset 3dmatch needs --gt-root (benchmark gt.log folders)")
+        pairs = threedmatch_pairs(_need_root(args, "3DMatch fragments root"), args.gt_root, args.benchmark)
+    else:
+        raise SystemExit(f"s2h eval: --dataset {args.dataset} is a sequence dataset; use --task sequence")
+    return list(islice(pairs, args.limit)) if args.limit is not None else list(pairs)
+
+
+def load_sequence(args: argparse.Namespace) -> Any:
+    if args.dataset == "kitti":
+        from s2h_ros.datasets.kitti import KittiSequence
+
+        seq = KittiSequence(_need_root(args, "KITTI odometry root"), args.sequence)
+    elif args.dataset == "synthetic":
+        from s2h_ros.datasets.synthetic.sequence import simulate_sequence
+
+        seq = simulate_sequence(length_m=args.length_m, seed=args.seed, kind=args.kind)
+    elif args.dataset == "bag":
+        from itertools import islice
+
+        from s2h_ros.datasets.rosbag import read_pointcloud_bag
+
+        root = _need_root(args, "rosbag2 folder or file")
+        seq = ListSequence(root.stem, list(islice(read_pointcloud_bag(root, args.topic), args.limit)))
+    else:
+        raise SystemExit(f"s2h eval: --dataset {args.dataset} has pairs, not a sequence")
+    return PrefixSequence(seq, args.limit) if args.limit is not None else seq
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def build_methods(names: list[str], task: str, scale: str, args: argparse.Namespace) -> dict[str, Any]:
+    from s2h_ros.evaluation.methods import METHODS, MethodUnavailable, make_method
+
+    methods = {}
+    for name in names:
+        if name not in METHODS:
+            raise SystemExit(f"s2h eval: unknown method {name!r} (choose from {', '.join(METHODS)})")
+        if task not in METHODS[name].kinds:
+            raise SystemExit(f"s2h eval: method {name!r} evaluates {' and '.join(METHODS[name].kinds)} only, not {task}")
+        overrides: dict[str, Any] = {}
+        if args.voxel is not None and name != "kiss_icp":
+            overrides["voxel"] = args.voxel
+        if name == "s2h" and args.device is not None:
+            overrides["device"] = args.device
+        if name == "kiss_icp" and args.threads is not None:
+            overrides["threads"] = args.threads
+        try:
+            methods[name] = make_method(name, scale, **overrides)
+        except MethodUnavailable as err:
+            raise SystemExit(f"s2h eval: {err}") from err
+    return methods
+
+
+def method_settings(method: Any) -> dict[str, Any]:
+    """The plain-valued attributes of a method (its tuning), for the JSON record."""
+    out = {}
+    for key, value in vars(method).items():
+        if key.startswith("_"):
+            continue
+        if hasattr(value, "__dataclass_fields__") or hasattr(value, "model_dump"):
+            value = value.model_dump() if hasattr(value, "model_dump") else vars(value)
+        if isinstance(value, (int, float, str, bool, dict)):
+            out[key] = value
+    return out
+
+
+def _machine(threads: int | None) -> dict[str, Any]:
+    return {"host": platform.node(), "cpus": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg()),
+            "threads": threads, "python": platform.python_version()}
+
+
+# --------------------------------------------------------------------------------- run
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # Open3D reads it when it loads
+    from s2h_ros.evaluation import plots
+    from s2h_ros.evaluation.harness import evaluate_pairs, evaluate_sequence
+    from s2h_ros.evaluation.metrics import THRESHOLDS
+    from s2h_ros.evaluation.report import jsonable, pairs_table, sequence_table
+
+    if args.threads is not None and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(args.threads)
+    task = args.task or ("sequence" if args.dataset in SEQUENCE_DATASETS else "pairs")
+    indoor = args.dataset in INDOOR_DATASETS or (args.dataset == "synthetic" and args.kind == "indoor")
+    scale, threshold = ("indoor", THRESHOLDS["3dmatch"]) if indoor else ("outdoor", THRESHOLDS["kitti"])
+    from s2h_ros.evaluation.methods import METHODS
+
+    names = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
+             else [n for n, spec in METHODS.items() if task in spec.kinds])
+    methods = build_methods(names, task, scale, args)
+    progress = not args.no_progress
+    result: dict[str, Any] = {"dataset": args.dataset, "task": task, "scale": scale,
+                              "settings": {n: method_settings(m) for n, m in methods.items()},
+                              "machine": _machine(args.threads)}
+    if task == "pairs":
+        pairs = load_pairs(args)
+        ev = evaluate_pairs(methods, pairs, threshold, progress=progress)
+        table = pairs_table(ev.summary)
+        result.update(threshold=vars(threshold), summary=ev.summary, pairs=ev.records)
+        if args.plots is not None:
+            result["plots"] = [str(plots.error_cdfs(ev.records, args.plots / f"{args.dataset}_error_cdf.png",
+                                                    threshold.re_deg, threshold.te_m))]
+    else:
+        seq = load_sequence(args)
+        ev = evaluate_sequence(methods, seq, progress=progress)
+        table = sequence_table(ev.summary)
+        result.update(sequence=seq.name, summary=ev.summary)
+        if args.plots is not None:
+            result["plots"] = [str(plots.trajectories_top_view(
+                ev.gt, ev.poses, args.plots / f"{args.dataset}_trajectory.png", title=seq.name))]
+    result["machine"]["load_avg_after"] = list(os.getloadavg())
+    result["table"] = table
+    print(table, end="")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
+    return 0
