@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from s2h_ros.datasets.rosbag import rosbags_cloud
 from s2h_ros.pointcloud2 import create_cloud_fields, read_points, read_xyz
 
 
@@ -34,22 +35,6 @@ def lidar_cloud(n: int, rng: np.random.Generator) -> tuple[np.ndarray, dict[str,
     return xyz, {"intensity": rng.random(n, dtype=np.float32),
                  "ring": (np.arange(n) % 64).astype(np.uint16),
                  "time": np.linspace(0.0, 0.1, n, dtype=np.float32)}
-
-
-def rosbags_msg(xyz: np.ndarray, extra: dict[str, np.ndarray]) -> Any:
-    """A sensor_msgs/PointCloud2 as rosbags deserialises it (data: uint8 ndarray)."""
-    from rosbags.typesys import Stores, get_typestore
-
-    types = get_typestore(Stores.ROS2_KILTED).types
-    fields, point_step, data = create_cloud_fields(xyz, extra)
-    return types["sensor_msgs/msg/PointCloud2"](
-        header=types["std_msgs/msg/Header"](stamp=types["builtin_interfaces/msg/Time"](sec=0, nanosec=0),
-                                            frame_id="velodyne"),
-        height=1, width=len(xyz),
-        fields=[types["sensor_msgs/msg/PointField"](name=n, offset=o, datatype=d, count=c)
-                for n, o, d, c in fields],
-        is_bigendian=False, point_step=point_step, row_step=point_step * len(xyz),
-        data=np.frombuffer(data, dtype=np.uint8), is_dense=False)
 
 
 def loop_read_xyz(msg: Any) -> np.ndarray:
@@ -90,10 +75,10 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> float:
 def run(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(args.seed)
     xyz, extra = lidar_cloud(args.points, rng)
-    msg = rosbags_msg(xyz, extra)
+    msg = rosbags_cloud(xyz, extra)
     with_nans = xyz.copy()
     with_nans[rng.random(len(xyz)) < args.nan_fraction] = np.nan
-    msg_nans = rosbags_msg(with_nans, extra)
+    msg_nans = rosbags_cloud(with_nans, extra)
     load_before = os.getloadavg()
 
     # Same answers before timing anything.

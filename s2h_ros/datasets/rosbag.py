@@ -157,17 +157,19 @@ def _time(ts: Any, stamp_ns: int) -> Any:
                                                    nanosec=stamp_ns % 1_000_000_000)
 
 
-def _cloud_msg(ts: Any, scan: Scan, frame_id: str, stamp_ns: int) -> Any:
-    points = np.asarray(scan.points)
-    extra = None if scan.intensity is None else {"intensity": np.asarray(scan.intensity, np.float32)}
-    fields, point_step, data = create_cloud_fields(points, extra)
+def rosbags_cloud(xyz: np.ndarray, extra: dict[str, np.ndarray] | None = None, frame_id: str = "",
+                  stamp_ns: int = 0) -> Any:
+    """A rosbags sensor_msgs/PointCloud2 (unorganized) of ``(N, 3)`` points plus extra fields."""
+    ts = _typestore()
+    xyz = np.asarray(xyz)
+    fields, point_step, data = create_cloud_fields(xyz, extra)
     field_type = ts.types["sensor_msgs/msg/PointField"]
     header = ts.types["std_msgs/msg/Header"](stamp=_time(ts, stamp_ns), frame_id=frame_id)
     return ts.types[POINTCLOUD2](
-        header=header, height=1, width=points.shape[0],
+        header=header, height=1, width=xyz.shape[0],
         fields=[field_type(name=n, offset=o, datatype=d, count=c) for n, o, d, c in fields],
-        is_bigendian=False, point_step=point_step, row_step=point_step * points.shape[0],
-        data=np.frombuffer(data, dtype=np.uint8), is_dense=bool(np.isfinite(points).all()))
+        is_bigendian=False, point_step=point_step, row_step=point_step * xyz.shape[0],
+        data=np.frombuffer(data, dtype=np.uint8), is_dense=bool(np.isfinite(xyz).all()))
 
 
 def _tf_msg(ts: Any, pose: np.ndarray, parent: str, child: str, stamp_ns: int) -> Any:
@@ -224,7 +226,8 @@ def write_pointcloud_bag(
         for i, scan in enumerate(scans):
             stamp_ns = int(round(float(scan.stamp) * 1e9))
             frame = frame_id if frame_id is not None else scan.frame_id
-            msg = _cloud_msg(ts, scan, frame, stamp_ns)
+            extra = None if scan.intensity is None else {"intensity": np.asarray(scan.intensity, np.float32)}
+            msg = rosbags_cloud(scan.points, extra, frame, stamp_ns)
             writer.write(clouds, stamp_ns, ts.serialize_cdr(msg, POINTCLOUD2))
             if poses is not None and i >= len(poses):
                 raise ValueError(f"tf holds {len(poses)} poses for more scans")
