@@ -20,6 +20,7 @@ from s2h_ros.datasets.kitti import (
     camera_to_velodyne,
     dgr_pairs,
     kitti_loop_pair,
+    pair_list_agreement,
     read_pair_list,
     read_poses,
     relative_transform,
@@ -115,6 +116,8 @@ def test_sequence_without_poses_yields_scans_with_unknown_pose(street, tmp_path)
 def test_bad_layouts_raise_clear_errors(street, tmp_path):
     with pytest.raises(FileNotFoundError, match="velodyne"):
         KittiSequence(tmp_path, 3)
+    with pytest.raises(FileNotFoundError, match=r"KittiSequence\(root, sequence\)"):
+        KittiSequence(street[0])
     _, single, _, _ = street
     shutil.copytree(single / "velodyne", tmp_path / "velodyne")
     write_poses(tmp_path / "poses.txt", np.tile(np.eye(4), (5, 1, 1)))
@@ -141,14 +144,11 @@ def test_dgr_pairs_reproduce_the_standard_list_of_sequence_00():
 
 
 def test_pair_list_transform_maps_frame1_into_frame0_on_sequence_00():
-    camera = read_poses(SAMPLE_POSES)
-    velo = camera_to_velodyne(camera, velodyne_to_camera(SAMPLE_CALIB))
-    forward, reverse = [], []
-    for r in (r for r in read_pair_list(PAIR_LISTS_DIR / "train.csv") if r.sequence == 0):
-        T_pose = relative_transform(velo[r.source_frame], velo[r.target_frame])
-        forward.append(np.linalg.norm(r.T[:3, 3] - T_pose[:3, 3]))
-        reverse.append(np.linalg.norm(r.T[:3, 3] - np.linalg.inv(T_pose)[:3, 3]))
-    assert np.median(forward) < 0.2 and np.min(reverse) > 10.0
+    velo = camera_to_velodyne(read_poses(SAMPLE_POSES), velodyne_to_camera(SAMPLE_CALIB))
+    records = [r for r in read_pair_list(PAIR_LISTS_DIR / "train.csv") if r.sequence == 0]
+    gaps = pair_list_agreement(records, velo)
+    assert gaps["as_read"]["te_median_m"] < 0.2 and gaps["as_read"]["re_median_deg"] < 0.5
+    assert gaps["reversed"]["te_median_m"] > 10.0
 
 
 def test_pairs_are_icp_refined_from_noisy_poses_and_cached(street, tmp_path):
