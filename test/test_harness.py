@@ -217,3 +217,25 @@ def test_eval_command_runs_kiss_icp_on_a_short_simulated_sequence(tmp_path):
     assert summary["frames"] == 4 and summary["segments"] == 0  # far shorter than 100 m
     assert summary["ate_rmse_m"] < 0.5
     assert (tmp_path / "synthetic_trajectory.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_eval_command_reads_a_rosbag_with_tf_truth(tmp_path):
+    pytest.importorskip("kiss_icp")
+    from s2h_ros import paths
+    from s2h_ros.cli import main
+    from s2h_ros.datasets.io import read_points
+    from s2h_ros.datasets.rosbag import write_pointcloud_bag
+
+    world = read_points(paths.KITTI_LOOP_PAIR[0])[::3]
+    poses = [_transform(1.0 * k, [1.0 * k, 0.0, 0.0]) for k in range(6)]
+    scans = [Scan(stamp=1.0 + 0.1 * k, points=((world - P[:3, 3]) @ P[:3, :3]).astype(np.float32), pose=P,
+                  frame_id="velodyne", index=k) for k, P in enumerate(poses)]
+    bag = write_pointcloud_bag(tmp_path / "drive_bag", scans, topic="/points")
+    out = tmp_path / "bag.json"
+    assert main(["eval", "--dataset", "bag", "--root", str(bag), "--methods", "kiss_icp,icp",
+                 "--json", str(out), "--no-progress"]) == 0
+    result = json.loads(out.read_text())
+    assert result["task"] == "sequence"
+    for name in ("kiss_icp", "icp"):
+        assert result["summary"][name]["frames"] == 6
+        assert result["summary"][name]["ate_rmse_m"] < 0.05

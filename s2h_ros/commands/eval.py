@@ -54,28 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------------------- data
 
 
-class ListSequence:
-    """Scans held in memory as a ``Sequence`` (for readers that only stream, e.g. rosbag2)."""
-
-    def __init__(self, name: str, scans: list):
-        self.name, self._scans = name, scans
-
-    def __len__(self) -> int:
-        return len(self._scans)
-
-    def __getitem__(self, i: int):
-        return self._scans[i]
-
-    def __iter__(self):
-        return iter(self._scans)
-
-    @property
-    def poses(self) -> np.ndarray | None:
-        if any(s.pose is None for s in self._scans):
-            return None
-        return np.stack([s.pose for s in self._scans])
-
-
 class PrefixSequence:
     """The first ``n`` scans of a sequence."""
 
@@ -149,12 +127,9 @@ def load_sequence(args: argparse.Namespace) -> Any:
 
         seq = simulate_sequence(length_m=args.length_m, seed=args.seed, kind=args.kind)
     elif args.dataset == "bag":
-        from itertools import islice
+        from s2h_ros.datasets.rosbag import RosbagSequence
 
-        from s2h_ros.datasets.rosbag import read_pointcloud_bag
-
-        root = _need_root(args, "rosbag2 folder or file")
-        seq = ListSequence(root.stem, list(islice(read_pointcloud_bag(root, args.topic), args.limit)))
+        seq = RosbagSequence(_need_root(args, "rosbag2 folder or file"), args.topic, max_scans=args.limit)
     else:
         raise SystemExit(f"s2h eval: --dataset {args.dataset} has pairs, not a sequence")
     return PrefixSequence(seq, args.limit) if args.limit is not None else seq
