@@ -19,6 +19,7 @@ from s2h_ros.datasets.kitti import (
     KittiSequence,
     camera_to_velodyne,
     dgr_pairs,
+    kitti_benchmark_pairs,
     kitti_loop_pair,
     pair_list_agreement,
     read_pair_list,
@@ -173,6 +174,26 @@ def test_pairs_are_icp_refined_from_noisy_poses_and_cached(street, tmp_path):
     stored["T_gt"] = np.diag([1.0, 1.0, 1.0, 1.0])  # a marker: a reused cache returns it
     np.savez(cache, **stored)
     np.testing.assert_array_equal(KittiPairs(noisy, (7,), cache_dir=tmp_path / "icp")[1].T_gt, np.eye(4))
+
+
+def test_bundled_pair_lists_parse_with_their_split_sizes():
+    sizes = {split: len(read_pair_list(PAIR_LISTS_DIR / f"{split}.csv")) for split in ("train", "val", "test")}
+    assert sizes == {"train": 1358, "val": 180, "test": 555}
+    first = read_pair_list(PAIR_LISTS_DIR / "test.csv")[0]
+    assert (first.sequence, first.source_frame, first.target_frame) == (8, 0, 14)
+    assert first.T[:3, 3] == pytest.approx([-9.18163957, -0.190400289, -0.235871543])
+
+
+def test_benchmark_pairs_use_frame1_as_source_on_a_kitti_tree(street, tmp_path):
+    root, _, world, velo = street
+    T = relative_transform(velo[0], velo[11])  # frame 0 -> frame 11, stored as csv frame0=11, frame1=0
+    row = ",".join(f"{v:.10f}" for v in T[:3].ravel())
+    header = "seq,frame0,frame1," + ",".join(f"T{r}{c}" for r in range(3) for c in range(4))
+    (tmp_path / "test.csv").write_text(f"{header}\n7,11,0,{row}\n")
+    (pair,) = kitti_benchmark_pairs(root, "test", lists_dir=tmp_path)
+    assert pair.meta["frames"] == (0, 11)
+    d, _ = cKDTree(pair.target).query(pair.source @ pair.T_gt[:3, :3].T + pair.T_gt[:3, 3])
+    assert np.mean(d < 1e-3) > 0.3  # the shared street lands exactly
 
 
 def test_unknown_split_raises(street):

@@ -278,7 +278,10 @@ def _check_pcd(path: Path, head: bytes) -> None:
     lines, body_start = _header(path, head, re.compile(rb"DATA[ \t]+\w+[^\n]*\n"))
     fields = {line.split()[0].upper(): line.split()[1:] for line in lines if not line.startswith("#")}
     try:
-        n = int(fields.get("POINTS", fields.get("WIDTH", ["0"]))[0])
+        if "POINTS" in fields:
+            n = int(fields["POINTS"][0])
+        else:
+            n = int(fields["WIDTH"][0]) * int(fields.get("HEIGHT", ["1"])[0])
         sizes = [int(s) for s in fields["SIZE"]]
         counts = [int(c) for c in fields.get("COUNT", ["1"] * len(sizes))]
     except (KeyError, ValueError, IndexError) as error:

@@ -99,7 +99,10 @@ def write_poses(path: str | Path, poses: np.ndarray) -> None:
 
 def read_times(path: str | Path) -> np.ndarray:
     """times.txt (one timestamp in seconds a line) -> (N,) float64."""
-    return np.loadtxt(path, dtype=np.float64, ndmin=1)
+    try:
+        return np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except ValueError as error:
+        raise ValueError(f"{path}: not a KITTI times file ({error})") from error
 
 
 def camera_to_velodyne(camera_poses: np.ndarray, Tr: np.ndarray) -> np.ndarray:
@@ -255,7 +258,7 @@ class KittiPairs:
     def __init__(
         self,
         root: str | Path,
-        sequences: tuple[int, ...] | str = "test",
+        sequences: tuple[int, ...] | int | str = "test",
         cache_dir: str | Path | None = None,
         min_distance: float = DGR_MIN_DISTANCE,
         icp_distances: tuple[float, ...] = (0.2,),
@@ -265,6 +268,8 @@ class KittiPairs:
             if sequences not in DGR_SPLITS:
                 raise ValueError(f"unknown split {sequences!r}; use one of {sorted(DGR_SPLITS)} or sequence ids")
             sequences = DGR_SPLITS[sequences]
+        elif isinstance(sequences, int):
+            sequences = (sequences,)
         self.sequences = {int(s): KittiSequence(root, s) for s in sequences}
         self.cache_dir = Path(cache_dir) if cache_dir is not None else Path(root) / "icp_cache"
         self.icp_distances = tuple(icp_distances)
