@@ -160,3 +160,23 @@ def test_wrong_array_shapes_raise(tmp_path):
         write_points(tmp_path / "w.ply", np.zeros((5, 2)))
     with pytest.raises(PointCloudFileError, match="empty"):
         write_points(tmp_path / "w.ply", np.zeros((0, 3)))
+
+
+def test_hand_written_pcl_style_ascii_pcd_with_intensity_is_read(tmp_path):
+    header = ("# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z intensity\n"
+              "SIZE 4 4 4 4\nTYPE F F F F\nCOUNT 1 1 1 1\nWIDTH 3\nHEIGHT 1\n"
+              "VIEWPOINT 0 0 0 1 0 0 0\nPOINTS 3\nDATA ascii\n")
+    (tmp_path / "pcl.pcd").write_text(header + "1 2 3 0.5\nnan nan nan 0\n-4 5.5 6 0.25\n")
+    fields = read_point_fields(tmp_path / "pcl.pcd")
+    np.testing.assert_array_equal(fields.points, [[1, 2, 3], [-4, 5.5, 6]])
+    np.testing.assert_array_equal(fields.intensity, [0.5, 0.25])
+
+
+def test_hand_written_ascii_ply_with_uchar_colours_is_read(tmp_path):
+    header = ("ply\nformat ascii 1.0\ncomment from another tool\nelement vertex 2\nproperty float x\n"
+              "property float y\nproperty float z\nproperty uchar red\nproperty uchar green\n"
+              "property uchar blue\nend_header\n")
+    (tmp_path / "c.ply").write_text(header + "0 0 1 255 0 0\n1 2 3 0 51 255\n")
+    fields = read_point_fields(tmp_path / "c.ply")
+    np.testing.assert_array_equal(fields.points, [[0, 0, 1], [1, 2, 3]])
+    np.testing.assert_allclose(fields.colors, [[1, 0, 0], [0, 0.2, 1]], atol=1e-6)
