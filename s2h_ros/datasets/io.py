@@ -197,7 +197,9 @@ def _read_open3d(path: Path) -> PointFields:
     cloud = o3d.t.io.read_point_cloud(str(path))
     if "positions" not in cloud.point or len(cloud.point.positions) == 0:
         raise PointCloudFileError(f"{path}: Open3D read no points (corrupt file or empty cloud)")
-    attribute = lambda name: cloud.point[name].numpy().astype(np.float32) if name in cloud.point else None
+    def attribute(name: str) -> np.ndarray | None:
+        return cloud.point[name].numpy().astype(np.float32) if name in cloud.point else None
+
     intensity = attribute("intensity")
     colors = attribute("colors")
     if colors is not None and cloud.point.colors.dtype == o3d.core.uint8:
@@ -219,7 +221,9 @@ def _drop_nonfinite(fields: PointFields, path: Path) -> PointFields:
         raise PointCloudFileError(f"{path}: all {n} points are NaN or infinite")
     if keep.all():
         return fields
-    take = lambda a: None if a is None else np.ascontiguousarray(a[keep])
+    def take(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.ascontiguousarray(a[keep])
+
     return PointFields(take(fields.points), take(fields.intensity), take(fields.normals), take(fields.colors))
 
 
