@@ -95,5 +95,3 @@ def test_sensor_data_qos_delivers_a_large_cloud_with_large_data_transport():
     _assert_exact_exchange(report, points=120_000)
     assert report["env"]["FASTDDS_BUILTIN_TRANSPORTS"] == "LARGE_DATA"
     assert report["requester"]["cloud_bytes"] == 120_000 * 22
-    # Best effort may drop clouds (the requester resends every 0.2 s); the one that arrived is whole.
-    assert report["requester"]["sends"] >= 1
