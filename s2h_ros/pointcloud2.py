@@ -78,7 +78,11 @@ def _buffer(data: Any) -> np.ndarray:
     try:
         return np.frombuffer(data, dtype=np.uint8)
     except TypeError:  # a plain list of ints
-        return np.asarray(data, dtype=np.uint8)
+        pass
+    try:
+        return np.asarray(data, dtype=np.uint8).reshape(-1)
+    except (TypeError, ValueError):
+        raise PointCloud2Error(f"data is not a byte buffer: {type(data).__name__}") from None
 
 
 def point_array(msg: Any) -> np.ndarray:

@@ -219,6 +219,13 @@ def test_object_without_pointcloud2_attributes_is_rejected():
     assert issubclass(PointCloud2Error, ValueError)
 
 
+def test_data_as_a_list_of_ints_decodes_and_a_string_is_rejected():
+    cloud = _xyz_cloud()
+    np.testing.assert_array_equal(read_xyz(_xyz_cloud(data=list(cloud.data)))[0], read_xyz(cloud)[0])
+    with pytest.raises(PointCloud2Error, match="data is not a byte buffer: str"):
+        read_xyz(_xyz_cloud(data="not bytes"))
+
+
 def test_empty_cloud_decodes_to_zero_points():
     out, dropped = read_xyz(_xyz_cloud(width=0, data=b""))
     assert out.shape == (0, 3) and dropped == 0
