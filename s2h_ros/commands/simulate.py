@@ -1,0 +1,79 @@
+"""``s2h simulate``: write a synthetic lidar sequence (KITTI layout, optionally a rosbag2), or
+compare simulated scans with the bundled real KITTI scans (``--compare-kitti``)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="output folder (KITTI odometry single-sequence layout)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--frames", type=int, help="number of scans")
+    size.add_argument("--length-m", type=float, help="drive length in metres")
+    parser.add_argument("--seed", type=int, default=0, help="world and drive seed (default 0)")
+    parser.add_argument("--sensor", default="hdl64",
+                        choices=("hdl64", "vlp32", "vlp16", "os128", "depth_camera"))
+    parser.add_argument("--kind", default="outdoor", choices=("outdoor", "indoor"))
+    parser.add_argument("--speed", type=float, nargs="+", metavar="M_S",
+                        help="cruise speed, or low high range in m/s (default outdoor 5 15, indoor 0.4 1.5)")
+    parser.add_argument("--moving-objects", type=int, default=0, help="number of moving cars / people")
+    parser.add_argument("--motion-distortion", action="store_true", help="rays fired along the sweep's motion")
+    parser.add_argument("--no-noise", action="store_true", help="exact ranges, no dropouts")
+    parser.add_argument("--bag", action="store_true", help="also write a rosbag2 (mcap) with PointCloud2 + /tf")
+    parser.add_argument("--compare-kitti", action="store_true",
+                        help="print simulated-vs-real KITTI statistics instead of writing a sequence")
+    parser.add_argument("--json", type=Path, help="write the summary / comparison as JSON here")
+    parser.add_argument("--markdown", type=Path, help="with --compare-kitti: write the markdown table here")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.compare_kitti:
+        from s2h_ros.datasets.synthetic.realism import compare_with_kitti, comparison_markdown
+
+        result = compare_with_kitti(seed=args.seed)
+        text = comparison_markdown(result)
+        print(text)
+        if args.markdown:
+            args.markdown.parent.mkdir(parents=True, exist_ok=True)
+            args.markdown.write_text(text)
+        _write_json(args.json, result)
+        return 0
+    if args.out is None or (args.frames is None and args.length_m is None):
+        raise SystemExit("s2h simulate: give --out DIR and one of --frames N / --length-m L (or --compare-kitti)")
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    speed = None
+    if args.speed:
+        if len(args.speed) > 2:
+            raise SystemExit("--speed takes one value or a low high pair")
+        speed = args.speed[0] if len(args.speed) == 1 else (args.speed[0], args.speed[1])
+    seq = simulate_sequence(n_frames=args.frames, length_m=args.length_m, seed=args.seed, sensor=args.sensor,
+                            kind=args.kind, speed=speed, noise=not args.no_noise,
+                            motion_distortion=args.motion_distortion, moving_objects=args.moving_objects)
+    summary = {"out": str(args.out), **seq.write_kitti(args.out, progress=True)}
+    if args.bag:
+        summary["bag"] = str(_write_bag(seq, args.out / "bag"))
+    print(json.dumps(summary, indent=2))
+    _write_json(args.json, summary)
+    return 0
+
+
+def _write_bag(seq, path: Path) -> Path:
+    """rosbag2 (mcap): scans as PointCloud2 on /velodyne_points, exact poses as /tf world -> velodyne."""
+    try:
+        from s2h_ros.datasets.rosbag import write_pointcloud_bag
+    except ImportError as exc:
+        raise SystemExit(f"--bag needs s2h_ros.datasets.rosbag.write_pointcloud_bag, not available: {exc}")
+    return write_pointcloud_bag(path, iter(seq), topic="/velodyne_points", frame_id="velodyne", storage="mcap",
+                                tf=seq.poses, overwrite=True)
+
+
+def _write_json(path: Path | None, data: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+                        + "\n")

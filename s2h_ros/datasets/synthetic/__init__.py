@@ -1,0 +1,33 @@
+"""Synthetic lidar world with exact ground truth: the project's training and test data.
+
+Procedural outdoor towns and indoor room grids (``scene``), vehicle drives with exact poses
+(``trajectory``), lidar / depth-camera models (``sensor``) ray-cast with Open3D, sequences and
+>= 10 m registration pairs written in the KITTI odometry layout (``sequence``), and the check
+of simulated scans against the bundled real KITTI scans (``realism``).
+"""
+from __future__ import annotations
+
+from s2h_ros.datasets.synthetic.scene import SyntheticWorld
+from s2h_ros.datasets.synthetic.sensor import LIDAR_PRESETS, LidarModel
+from s2h_ros.datasets.synthetic.sequence import (
+    SyntheticScan,
+    SyntheticSequence,
+    kitti_velo_to_cam,
+    simulate_sequence,
+    synthetic_pairs,
+    write_kitti_layout,
+)
+from s2h_ros.datasets.synthetic.trajectory import Trajectory
+
+__all__ = [
+    "LIDAR_PRESETS",
+    "LidarModel",
+    "SyntheticScan",
+    "SyntheticSequence",
+    "SyntheticWorld",
+    "Trajectory",
+    "kitti_velo_to_cam",
+    "simulate_sequence",
+    "synthetic_pairs",
+    "write_kitti_layout",
+]
