@@ -183,12 +183,12 @@ def test_motion_distortion_follows_the_per_firing_poses():
 
 
 def test_moving_objects_are_off_the_static_scene_only_when_asked():
-    still = simulate_sequence(n_frames=1, seed=9, noise=False)
-    moving = simulate_sequence(n_frames=1, seed=9, noise=False, moving_objects=4)
+    still = simulate_sequence(n_frames=1, seed=9, noise=False, sensor="vlp32")
+    moving = simulate_sequence(n_frames=1, seed=9, noise=False, sensor="vlp32", moving_objects=4)
     off_still = _surface_distance(still.world, _to_world(still, still[0])) > 0.05
     off_moving = _surface_distance(moving.world, _to_world(moving, moving[0])) > 0.05
     assert off_still.sum() == 0
-    assert off_moving.sum() > 200
+    assert off_moving.sum() > 100
 
 
 @pytest.mark.parametrize("call, message", [
@@ -207,3 +207,40 @@ def test_bad_arguments_raise_one_clear_error(call, message):
 
 def test_presets_list_is_complete():
     assert set(LIDAR_PRESETS) == {"hdl64", "vlp32", "vlp16", "os128", "depth_camera"}
+
+
+@pytest.mark.parametrize("seed, kind", [(0, "outdoor"), (5, "outdoor"), (1, "indoor")])
+def test_scenes_constrain_every_translation_direction(seed, kind):
+    from s2h_ros.datasets.synthetic.realism import grid_average, translation_constraint
+
+    scan = simulate_sequence(n_frames=1, seed=seed, kind=kind, sensor="hdl64" if kind == "outdoor" else "vlp16")[0]
+    smallest = translation_constraint(grid_average(scan.points)[:, 3:])[0]
+    assert smallest > 0.1  # a featureless corridor or open plane would be near 0 (real KITTI: ~0.2)
+
+
+def test_compare_with_kitti_reports_real_and_simulated_side_by_side():
+    from s2h_ros.datasets.synthetic.realism import compare_with_kitti, comparison_markdown
+
+    result = compare_with_kitti(seed=0, n_scans=1)
+    assert result["kitti_real"]["points"] == pytest.approx((29291 + 30609) / 2)
+    assert 0.5 < result["simulated"]["points"] / result["kitti_real"]["points"] < 1.5  # same order
+    assert 100_000 < result["simulated_raw"]["points_per_scan"] < 140_000
+    assert abs(sum(result["simulated"]["range_histogram"]) - 1.0) < 1e-3
+    assert "| points after 0.2 m grid + 80 m crop |" in comparison_markdown(result)
+
+
+def test_simulate_command_writes_kitti_layout_and_bag(tmp_path):
+    from s2h_ros.cli import main
+    from s2h_ros.datasets.rosbag import read_pointcloud_bag
+
+    out = tmp_path / "seq"
+    assert main(["simulate", "--out", str(out), "--frames", "3", "--seed", "2", "--sensor", "vlp16", "--bag",
+                 "--json", str(tmp_path / "summary.json")]) == 0
+    seq = simulate_sequence(n_frames=3, seed=2, sensor="vlp16")
+    read = KittiSequence(out)
+    np.testing.assert_array_equal(read[1].points, seq[1].points)
+    scans = list(read_pointcloud_bag(out / "bag", "/velodyne_points"))
+    assert len(scans) == 3
+    np.testing.assert_array_equal(scans[2].points, seq[2].points)
+    np.testing.assert_allclose(scans[2].pose, seq.poses[2], atol=1e-9)
+    assert (tmp_path / "summary.json").exists()

@@ -56,7 +56,18 @@ def scan_statistics(cloud: np.ndarray) -> dict:
         "z_percentiles_m": dict(zip(("p5", "p50", "p95"), np.percentile(xyz[:, 2], [5, 50, 95]).round(2).tolist())),
         "horizontal_fraction": round(float(np.mean(nz > 0.9)), 4),  # ground, roofs, table tops
         "vertical_fraction": round(float(np.mean(nz < 0.3)), 4),  # facades, poles, car sides
+        "translation_constraint": translation_constraint(normals),
     }
+
+
+def translation_constraint(normals: np.ndarray) -> list[float]:
+    """Eigenvalues (ascending, summing to 1) of mean(n n^T) over (N, 3) unit normals.
+
+    Point-to-plane alignment pins a translation direction d in proportion to d^T mean(n n^T) d:
+    a smallest eigenvalue near 0 means a degenerate scene (a featureless corridor or open plane).
+    """
+    n = normals.astype(np.float64)
+    return np.linalg.eigvalsh(n.T @ n / max(len(n), 1)).round(4).tolist()
 
 
 def _mean_stats(stats: list[dict]) -> dict:
@@ -135,6 +146,8 @@ def comparison_markdown(result: dict) -> str:
         rows.append((f"height z {k} (m, sensor frame)", real["z_percentiles_m"][k], sim["z_percentiles_m"][k]))
     rows.append(("horizontal-surface fraction (abs nz > 0.9)", real["horizontal_fraction"], sim["horizontal_fraction"]))
     rows.append(("vertical-surface fraction (abs nz < 0.3)", real["vertical_fraction"], sim["vertical_fraction"]))
+    rows.append(("translation constraint: eigenvalues of mean(n n^T)", real["translation_constraint"],
+                 sim["translation_constraint"]))
     for a, b, fr, fs in zip(ELEVATION_BINS[:-1], ELEVATION_BINS[1:], real["elevation_histogram"],
                             sim["elevation_histogram"]):
         rows.append((f"fraction with elevation {a:g} to {b:g} deg", fr, fs))
