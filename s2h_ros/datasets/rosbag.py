@@ -94,6 +94,11 @@ def _stamp_ns(stamp: Any) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
+def _seconds(stamp_ns: int) -> float:
+    """Seconds as the nearest float to sec + nanosec (so a writer's float stamp comes back equal)."""
+    return stamp_ns // 1_000_000_000 + (stamp_ns % 1_000_000_000) * 1e-9
+
+
 def transform_to_matrix(translation: Any, rotation: Any) -> np.ndarray:
     """(4, 4) float64 from geometry_msgs Vector3 + Quaternion (x, y, z, w)."""
     T = np.eye(4)
@@ -146,7 +151,7 @@ def read_pointcloud_bag(
                 points, _ = read_xyz(msg, skip_nans=skip_nans)
                 intensity = None
             pose = None if poses is None else poses.get(stamp_ns)
-            yield Scan(stamp=stamp_ns // 1_000_000_000 + (stamp_ns % 1_000_000_000) * 1e-9, points=points, pose=pose, intensity=intensity,
+            yield Scan(stamp=_seconds(stamp_ns), points=points, pose=pose, intensity=intensity,
                        frame_id=frame_id, index=index)
     finally:
         reader.close()
