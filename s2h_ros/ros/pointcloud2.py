@@ -24,7 +24,7 @@ def stamp_msg(stamp: float | int | Time | None) -> Time:
 
 def to_msg(
     xyz: np.ndarray,
-    frame_id: str = "",
+    frame_id: str | Header = "",
     stamp: float | int | Time | None = None,
     extra: dict[str, np.ndarray] | None = None,
     shape: tuple[int, int] | None = None,
@@ -32,9 +32,12 @@ def to_msg(
 ) -> PointCloud2:
     """PointCloud2 of ``(N, 3)`` points plus extra ``{name: (N,) or (N, count)}`` fields.
 
-    ``header`` wins over ``frame_id``/``stamp``; ``stamp`` is seconds (float) or nanoseconds (int).
+    The second argument is a frame id or a whole std_msgs/Header (as is ``header=``); a header
+    wins over ``stamp``, which is seconds (float), nanoseconds (int) or a builtin_interfaces/Time.
     ``shape=(height, width)`` publishes an organized cloud.
     """
+    if isinstance(frame_id, Header):
+        header, frame_id = frame_id, ""
     fields, point_step, data = create_cloud_fields(xyz, extra, shape)
     height, width = shape if shape is not None else (1, len(data) // point_step)
     if header is None:
