@@ -8,7 +8,9 @@ stamp, so a bag written here replays with its poses.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -16,7 +18,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from s2h_ros.datasets.types import Scan
+from s2h_ros.datasets.types import Scan, ScanList
 from s2h_ros.pointcloud2 import create_cloud_fields, read_points, read_xyz
 
 POINTCLOUD2 = "sensor_msgs/msg/PointCloud2"
@@ -248,37 +250,17 @@ def write_pointcloud_bag(
     return path
 
 
-class RosbagSequence:
+class RosbagSequence(ScanList):
     """A PointCloud2 topic of a rosbag2 as a :class:`~s2h_ros.datasets.types.Sequence`.
 
     Scans are read once, when the sequence is made (bags for evaluation are short; stream with
-    :func:`read_pointcloud_bag` otherwise). ``poses`` are the TF ground truth re-expressed in the
-    first scan's frame (first pose = identity, as KITTI's), or None when a scan has no pose.
+    :func:`read_pointcloud_bag` otherwise); ``poses`` are their TF ground truth, or None when a
+    scan has no pose.
     """
 
     def __init__(self, path: str | Path, topic: str, tf_topic: str | None = "/tf",
                  max_scans: int | None = None) -> None:
+        with contextlib.closing(read_pointcloud_bag(path, topic, tf_topic)) as scans:
+            first = list(itertools.islice(scans, max_scans))
+        super().__init__(first, name=f"{Path(path).name}:{topic}")
         self.path = Path(path)
-        self.name = f"{self.path.name}:{topic}"
-        self.scans: list[Scan] = []
-        for scan in read_pointcloud_bag(self.path, topic, tf_topic):
-            if max_scans is not None and len(self.scans) >= max_scans:
-                break
-            self.scans.append(scan)
-
-    def __len__(self) -> int:
-        return len(self.scans)
-
-    def __getitem__(self, i: int) -> Scan:
-        return self.scans[i]
-
-    def __iter__(self) -> Iterator[Scan]:
-        return iter(self.scans)
-
-    @property
-    def poses(self) -> np.ndarray | None:
-        """(len, 4, 4) float64 sensor poses relative to the first scan, or None."""
-        if not self.scans or any(s.pose is None for s in self.scans):
-            return None
-        world = np.stack([s.pose for s in self.scans])
-        return np.linalg.inv(world[0]) @ world
