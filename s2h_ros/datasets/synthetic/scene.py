@@ -303,10 +303,14 @@ def _street_furniture(mb, rng, frame: _EdgeFrame, side: float, ground, road, w: 
         plate = base + np.array([0.0, 0.0, 2.3])
         mb.add_boxes(plate, np.column_stack([np.full(m, 0.7), np.full(m, 0.04), np.full(m, 0.7)]),
                      frame.yaw, 0.9)
+    if rng.uniform() < 0.6:  # a row of street trees along the curb
+        ut = np.arange(rng.uniform(3.0, 8.0), side - 3.0, rng.uniform(7.0, 14.0))
+        for u_tree in ut:
+            _tree(mb, rng, _place(frame, u_tree, 1.3, ground, 0.0)[0])
     # Parked cars in the road next to the curb (v < 0 is the road side).
-    gaps = np.cumsum(rng.uniform(5.0, 14.0, 40))
+    gaps = np.cumsum(rng.uniform(5.0, 12.0, 40))
     u = gaps[gaps < side - 8.0] + 4.0
-    u = u[rng.uniform(size=len(u)) < rng.uniform(0.3, 0.8)]
+    u = u[rng.uniform(size=len(u)) < rng.uniform(0.4, 0.9)]
     if len(u):
         xy = frame.xy(u, np.full(len(u), -1.15))
         add_cars(mb, xy, frame.yaw + rng.normal(0, 0.03, len(u)), road(xy[:, 0], xy[:, 1]), rng)
@@ -347,14 +351,22 @@ def _houses(mb, rng, frame: _EdgeFrame, side: float, sidewalk: float, ground) ->
         front = sidewalk + float(rng.uniform(4.0, 8.0))
         c = _place(frame, u + width / 2, front + depth / 2, ground, height / 2)
         mb.add_boxes(c, [[width, depth, height]], frame.yaw, rng.uniform(0.3, 0.7))
-        # Front fence with a driveway gap.
+        # Front fence, garden wall or hedge, with a driveway gap.
         gap = float(rng.uniform(2.5, 3.5))
         fence_len = width + 3.0 - gap
-        fc = _place(frame, u + fence_len / 2, sidewalk + 0.1, ground, 0.6)
-        mb.add_boxes(fc, [[fence_len, 0.05, 1.2]], frame.yaw, 0.35)
-        posts = np.arange(0.0, fence_len, 2.5)
-        mb.add_boxes(_place(frame, u + posts, np.full(len(posts), sidewalk + 0.1), ground, 0.7),
-                     np.tile([0.12, 0.12, 1.4], (len(posts), 1)), frame.yaw, 0.3)
+        front_kind = rng.choice(["fence", "wall", "hedge"])
+        if front_kind == "hedge":
+            for uh in np.arange(0.6, fence_len, 1.2):
+                c = _place(frame, u + uh, sidewalk + 0.5, ground, 0.8)[0]
+                mb.add_foliage(c, [0.8, 0.5, 0.8], rng, n_leaves=40, leaf_size=0.3, albedo=0.25)
+        else:
+            tall = 1.2 if front_kind == "fence" else float(rng.uniform(0.8, 2.0))
+            fc = _place(frame, u + fence_len / 2, sidewalk + 0.1, ground, tall / 2)
+            mb.add_boxes(fc, [[fence_len, 0.05 if front_kind == "fence" else 0.25, tall]], frame.yaw,
+                         0.35 if front_kind == "fence" else 0.5)
+            posts = np.arange(0.0, fence_len, 2.5)
+            mb.add_boxes(_place(frame, u + posts, np.full(len(posts), sidewalk + 0.1), ground, 0.7),
+                         np.tile([0.12, 0.12, 1.4], (len(posts), 1)), frame.yaw, 0.3)
         if rng.uniform() < 0.7:
             _tree(mb, rng, _place(frame, u + rng.uniform(0, width), sidewalk + rng.uniform(1.0, 3.5), ground, 0)[0])
         if rng.uniform() < 0.5:
