@@ -90,7 +90,8 @@ def test_icp_from_identity_corrects_a_small_offset_of_a_real_kitti_scan(kitti_sc
 
 def test_icp_is_local_and_fails_on_the_148_degree_kitti_loop_pair(kitti_scan):
     T = _transform(148.0, [4.0, 0.0, 0.0])
-    result = make_method("icp", "outdoor").register(kitti_scan, _moved(kitti_scan, T))
+    scan = kitti_scan[::3]
+    result = make_method("icp", "outdoor").register(scan, _moved(scan, T))
     assert not _registered(result.transform, T, "kitti")
 
 

@@ -239,3 +239,25 @@ def test_eval_command_reads_a_rosbag_with_tf_truth(tmp_path):
     for name in ("kiss_icp", "icp"):
         assert result["summary"][name]["frames"] == 6
         assert result["summary"][name]["ate_rmse_m"] < 0.05
+
+
+def test_synthetic_drive_pairs_are_ten_metres_apart_with_exact_truth():
+    from s2h_ros.commands.eval import DrivePairs
+    from s2h_ros.datasets.synthetic.sequence import simulate_sequence
+    from s2h_ros.evaluation.metrics import trajectory_distances
+
+    drive = simulate_sequence(length_m=120.0, seed=3)
+    pairs = DrivePairs(drive, n=5, min_distance=10.0, spacing=15.0)
+    arc = trajectory_distances(drive.poses)
+    sources = [a for a, _ in pairs.frames]
+    assert len(pairs) == 5 and np.all(np.diff(arc[sources]) >= 15.0)
+    for a, b in pairs.frames:
+        gap = np.linalg.norm(drive.poses[b, :3, 3] - drive.poses[a, :3, 3])
+        before = np.linalg.norm(drive.poses[b - 1, :3, 3] - drive.poses[a, :3, 3])
+        assert gap >= 10.0 > before  # the first scan at least 10 m away
+    pair = next(iter(pairs))
+    a, b = pairs.frames[0]
+    np.testing.assert_allclose(drive.poses[b] @ pair.T_gt, drive.poses[a], atol=1e-9)
+    assert pair.source.shape[1] == 3 and len(pair.source) > 1000
+    with pytest.raises(ValueError, match="too short for 50 pairs"):
+        DrivePairs(drive, n=50)

@@ -39,7 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="synthetic world seed")
     parser.add_argument("--kind", choices=("outdoor", "indoor"), default="outdoor", help="synthetic world")
     parser.add_argument("--min-distance", type=float, default=10.0, help="synthetic pairs: metres apart (min)")
-    parser.add_argument("--max-distance", type=float, default=20.0, help="synthetic pairs: metres apart (max)")
+    parser.add_argument("--max-distance", type=float, default=20.0,
+                        help="synthetic pairs: metres apart (max, --pair-source sampler)")
+    parser.add_argument("--pair-source", choices=("drive", "sampler"), default="drive",
+                        help="synthetic pairs: along one drive (DrivePairs) or datasets.synthetic.synthetic_pairs")
+    parser.add_argument("--pair-spacing", type=float, default=15.0,
+                        help="synthetic drive pairs: metres of path between successive source scans")
     parser.add_argument("--length-m", type=float, default=1000.0, help="synthetic sequence length")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N pairs / scans")
     parser.add_argument("--voxel", type=float, default=None, help="override every method's voxel size (m)")
@@ -78,22 +83,66 @@ class PrefixSequence:
         return None if poses is None else poses[: self._n]
 
 
+class DrivePairs:
+    """Pairs along one simulated drive, rendered lazily: a source scan every ``spacing`` metres of
+    path, its target the first later scan at least ``min_distance`` away (straight line).
+
+    ``T_gt = P_target^-1 P_source`` from the simulator's exact poses. This is the default source
+    of synthetic pairs because ``synthetic_pairs``'s sampler can run out of candidates (see
+    ``--pair-source``); both draw KITTI-like pairs >= 10 m apart from a seeded world.
+    """
+
+    def __init__(self, sequence: Any, n: int, min_distance: float = 10.0, spacing: float = 15.0):
+        from s2h_ros.evaluation.metrics import trajectory_distances
+
+        self.sequence, self.min_distance = sequence, min_distance
+        poses = sequence.poses
+        pos, arc = poses[:, :3, 3], trajectory_distances(poses)
+        self.frames: list[tuple[int, int]] = []
+        a = 0
+        while len(self.frames) < n:
+            ahead = np.flatnonzero(np.linalg.norm(pos[a:] - pos[a], axis=1) >= min_distance)
+            later = np.flatnonzero(arc >= arc[a] + spacing)
+            if len(ahead) == 0 or len(later) == 0:
+                raise ValueError(f"drive of {arc[-1]:.0f} m too short for {n} pairs {spacing} m apart")
+            self.frames.append((a, a + int(ahead[0])))
+            a = int(later[0])
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __iter__(self):
+        from s2h_ros.datasets.types import PointCloudPair
+
+        for a, b in self.frames:
+            src, tgt = self.sequence[a], self.sequence[b]
+            yield PointCloudPair(
+                source=src.points, target=tgt.points, T_gt=np.linalg.inv(tgt.pose) @ src.pose,
+                name=f"{self.sequence.name}_{a:05d}_{b:05d}",
+                meta={"dataset": "synthetic", "frames": (a, b),
+                      "distance": float(np.linalg.norm(tgt.pose[:3, 3] - src.pose[:3, 3]))})
+
+
 def _need_root(args: argparse.Namespace, what: str) -> Path:
     if args.root is None:
         raise SystemExit(f"s2h eval: --dataset {args.dataset} needs --root ({what})")
     return args.root
 
 
-def load_pairs(args: argparse.Namespace) -> list:
-    """The dataset's pairs as a list (or a lazily loading sequence of pairs)."""
+def load_pairs(args: argparse.Namespace) -> Any:
+    """The dataset's pairs: a list, or a sized iterable that loads them lazily."""
     from itertools import islice
 
     if args.dataset == "synthetic":
-        from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
+        from s2h_ros.datasets.synthetic.sequence import simulate_sequence, synthetic_pairs
 
         n = args.n_pairs if args.limit is None else min(args.n_pairs, args.limit)
-        return synthetic_pairs(n, args.seed, min_distance=args.min_distance, max_distance=args.max_distance,
-                               kind=args.kind)
+        if args.pair_source == "sampler":
+            return synthetic_pairs(n, args.seed, min_distance=args.min_distance, max_distance=args.max_distance,
+                                   kind=args.kind)
+        drive = simulate_sequence(length_m=n * args.pair_spacing + 3 * args.min_distance + 50.0, seed=args.seed,
+                                  kind=args.kind)
+        return DrivePairs(drive, n, args.min_distance, args.pair_spacing)
     if args.dataset == "kitti-loop":
         from s2h_ros.datasets.kitti import kitti_loop_pair
 
