@@ -305,15 +305,18 @@ def test_rclpy_organized_cloud_with_nans_round_trips(rng):
     np.testing.assert_array_equal(organized["x"].reshape(16, 32), xyz[:, 0].reshape(16, 32))
 
 
-def test_to_msg_takes_a_header_in_place_of_frame_id(kitti_scan):
+def test_to_msg_takes_a_header_or_any_stamp_type(kitti_scan):
     from builtin_interfaces.msg import Time
     from std_msgs.msg import Header
 
     from s2h_ros.ros.pointcloud2 import to_msg
 
+    from rclpy.time import Time as RclpyTime
+
     header = Header(frame_id="base_scan", stamp=Time(sec=5, nanosec=7))
     for msg in (to_msg(kitti_scan[:10], header), to_msg(kitti_scan[:10], header=header),
-                to_msg(kitti_scan[:10], "base_scan", Time(sec=5, nanosec=7))):
+                to_msg(kitti_scan[:10], "base_scan", Time(sec=5, nanosec=7)),
+                to_msg(kitti_scan[:10], "base_scan", RclpyTime(seconds=5, nanoseconds=7))):
         assert msg.header == header and msg.width == 10
 
 
