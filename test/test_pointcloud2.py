@@ -340,14 +340,15 @@ def test_rosbags_and_rclpy_messages_decode_the_same_bytes(kitti_scan):
     np.testing.assert_array_equal(read_xyz(again)[0], kitti_scan[:5000])
 
 
-def test_benchmark_agrees_with_the_per_point_baseline_and_reports_ratios():
-    import argparse
+def test_bench_command_writes_json_with_ratios_against_the_per_point_baseline(tmp_path):
+    import json
 
-    from s2h_ros.benchmarks import pointcloud2 as bench
+    from s2h_ros.cli import main
 
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    result = bench.run(parser.parse_args(["--points", "3000", "--repeats", "2", "--baseline-repeats", "1"]))
+    out = tmp_path / "pc2.json"
+    assert main(["bench", "pointcloud2", "--points", "3000", "--repeats", "2", "--baseline-repeats", "1",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
     assert result["points"] == 3000 and result["bytes"] == 3000 * 22
     assert 0 < result["dropped_in_nan_case"] < 3000
     assert result["decode_speedup_vs_loop"] > 0 and result["encode_speedup_vs_loop"] > 0
