@@ -28,10 +28,26 @@ def kernel_offsets(kernel_size: int, dim: int, device: torch.device | str | None
     return torch.tensor(rows, dtype=torch.long, device=device).reshape(-1, dim)
 
 
+def _radix(extent: torch.Tensor) -> torch.Tensor:
+    """Place values of a mixed-radix number whose first digit is the most significant."""
+    return torch.cumprod(torch.cat([extent[1:], extent.new_ones(1)]).flip(0), 0).flip(0)
+
+
 def coordinate_keys(coords: torch.Tensor, lo: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
-    """(N,) int64 mixed-radix keys of (N, 1 + D) coordinates inside the box [lo, lo + extent)."""
-    radix = torch.cumprod(torch.cat([extent.new_ones(1), extent[:-1]]), 0)
-    return ((coords - lo) * radix).sum(1)
+    """(N,) int64 keys of (N, 1 + D) coordinates inside the box [lo, lo + extent); key order is the
+    lexicographic order of the rows."""
+    return ((coords - lo) * _radix(extent)).sum(1)
+
+
+def unique_rows(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lexicographically sorted unique rows of (N, K) int64 coordinates and the (N,) inverse index
+    (the same as ``torch.unique(dim=0)``, through 1-D keys, which is much faster)."""
+    lo, extent = _key_frame(coords.min(0).values, coords.max(0).values)
+    keys, inverse = torch.unique(coordinate_keys(coords, lo, extent), return_inverse=True)
+    digits = []
+    for place, size in zip(_radix(extent).tolist(), extent.tolist()):
+        digits.append(torch.div(keys, place, rounding_mode="floor") % size)
+    return torch.stack(digits, 1) + lo, inverse
 
 
 def _key_frame(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +67,7 @@ def downsample(coords: torch.Tensor, stride: int) -> torch.Tensor:
     """Coordinates floored to multiples of ``stride`` (batch column kept), unique and sorted."""
     out = coords.clone()
     out[:, 1:] = torch.div(coords[:, 1:], stride, rounding_mode="floor") * stride
-    return torch.unique(out, dim=0)
+    return unique_rows(out)[0]
 
 
 @dataclass
@@ -67,13 +83,14 @@ class KernelMap:
     out_idx: list[torch.Tensor]
     n_in: int
     n_out: int
+    identity: int | None = None  # offset k with in == out row for every row (centre of a stride-1 map)
 
     def transposed(self) -> KernelMap:
         """The same pairs read backwards (transposed convolution)."""
-        return KernelMap(self.kernel_ids, self.out_idx, self.in_idx, self.n_out, self.n_in)
+        return KernelMap(self.kernel_ids, self.out_idx, self.in_idx, self.n_out, self.n_in, self.identity)
 
     def __len__(self) -> int:
-        return sum(int(i.numel()) for i in self.in_idx)
+        return sum(int(i.numel()) for i in self.in_idx) + (self.n_in if self.identity is not None else 0)
 
 
 def build_kernel_map(
@@ -96,6 +113,9 @@ def build_kernel_map(
     out_keys = coordinate_keys(out_coords, lo, extent)
     shift_keys = coordinate_keys(shift + lo, lo, extent)  # key(x + s) = key(x) + key_of(s)
     n_in = in_keys.numel()
+    same = in_coords is out_coords
+    zero = [k for k, row in enumerate(offsets.tolist()) if not any(row)]
+    identity = zero[0] if same and zero else None
 
     ids: list[int] = []
     ins: list[torch.Tensor] = []
@@ -111,10 +131,12 @@ def build_kernel_map(
         i = order[pos[k_local, o]]
         ks, counts = torch.unique_consecutive(k_local, return_counts=True)
         for k, i_k, o_k in zip(ks.tolist(), i.split(counts.tolist()), o.split(counts.tolist())):
+            if start + k == identity:
+                continue
             ids.append(start + k)
             ins.append(i_k)
             outs.append(o_k)
-    return KernelMap(ids, ins, outs, n_in, out_coords.shape[0])
+    return KernelMap(ids, ins, outs, n_in, out_coords.shape[0], identity)
 
 
 class CoordinateManager:

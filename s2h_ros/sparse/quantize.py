@@ -37,7 +37,9 @@ def sparse_quantize(
         raise ValueError(f"voxel size must be positive, got {voxel}")
     pts = as_points(xyz)
     grid = torch.floor(pts / voxel).long()
-    coords, inverse = torch.unique(grid, dim=0, return_inverse=True)
+    from s2h_ros.sparse.kernel_map import unique_rows
+
+    coords, inverse = unique_rows(grid)
     # First point of every voxel: the smallest point index among those mapped to it.
     n = inverse.numel()
     order = torch.arange(n, device=grid.device)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from s2h_ros.sparse.kernel_map import CoordinateManager
+from s2h_ros.sparse.kernel_map import CoordinateManager, unique_rows
 from s2h_ros.sparse.quantize import as_points, sparse_quantize
 
 
@@ -91,7 +91,7 @@ class SparseTensor:
 
 def _lexsort(coords: torch.Tensor) -> torch.Tensor:
     """Permutation sorting (N, K) integer rows lexicographically (same order as torch.unique(dim=0))."""
-    _, inverse = torch.unique(coords, dim=0, return_inverse=True)
+    _, inverse = unique_rows(coords)
     return torch.argsort(inverse, stable=True)
 
 

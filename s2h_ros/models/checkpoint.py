@@ -1,0 +1,140 @@
+"""Weight files: our own checkpoints and the official FCGF / DGR ones, read without unpickling
+arbitrary objects.
+
+Every file is read with ``torch.load(..., weights_only=True)``. Official checkpoints also carry
+their training configuration as an ``easydict.EasyDict`` (and numpy scalars); those few classes
+are let through as plain stand-ins (a dict subclass, numpy's own reconstructors), so the file
+loads without easydict installed and without running code from it. The network shape is read off
+the weights, so no configuration is needed to rebuild the model.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from s2h_ros.models.fcgf import build_fcgf
+from s2h_ros.models.inlier import InlierNetwork
+from s2h_ros.models.resunet import ResUNet, ResUNetConfig, config_from_state_dict
+
+FORMAT = "s2h_ros.checkpoint/1"
+
+
+class CheckpointError(ValueError):
+    """A weight file that cannot be read or does not fit the model."""
+
+
+class _AttrDict(dict):
+    """Stand-in for easydict.EasyDict when reading official configs: keys kept, attributes too."""
+
+
+def _safe_globals() -> list:
+    allowed: list = [(_AttrDict, "easydict.EasyDict"), argparse.Namespace, np.dtype, np.ndarray]
+    core = getattr(np, "_core", None) or np.core
+    allowed += [core.multiarray.scalar, core.multiarray._reconstruct]
+    allowed += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    return allowed
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The checkpoint dict of a ``.pth``/``.pt`` file, loaded on the CPU with weights_only=True."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for bad files
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(err).__name__}: {str(err)[:300]}") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(data).__name__}, expected a dict")
+    return data
+
+
+def _clean(state: dict) -> dict[str, torch.Tensor]:
+    """Tensors only, DataParallel's ``module.`` prefix removed."""
+    out = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"state dict entry {key!r} is a {type(value).__name__}, not a tensor")
+        out[key[7:] if key.startswith("module.") else key] = value
+    return out
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy a state dict into ``model``, or raise CheckpointError naming every missing,
+    unexpected and mis-shaped key (BatchNorm's ``num_batches_tracked`` may be absent, as in files
+    saved by old PyTorch)."""
+    state = _clean(state)
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in state if k not in own]
+    misshaped = [f"{k}: file {list(state[k].shape)} vs model {list(own[k].shape)}"
+                 for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or misshaped:
+        parts = []
+        for name, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+            if items:
+                more = f" (+{len(items) - 8} more)" if len(items) > 8 else ""
+                parts.append(f"{name} keys: {', '.join(items[:8])}{more}")
+        raise CheckpointError(f"weights do not fit {type(model).__name__}: " + "; ".join(parts))
+    model.load_state_dict({**{k: v for k, v in own.items() if k.endswith("num_batches_tracked")}, **state})
+
+
+def save_checkpoint(path: str | Path, model: ResUNet, **extra) -> Path:
+    """Write ``{state_dict, model: {kind, config}, **extra}`` (plain types only: loads with weights_only)."""
+    kind = "inlier" if isinstance(model, InlierNetwork) else "fcgf"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "state_dict": model.state_dict(),
+            "model": {"kind": kind, "config": model.config.to_dict()}, **extra}
+    torch.save(data, path)
+    return path
+
+
+def _state(data: dict, key: str, path: str | Path) -> dict[str, torch.Tensor]:
+    if key not in data:
+        raise CheckpointError(f"checkpoint {path} has no {key!r} (keys: {', '.join(map(str, data))})")
+    return _clean(data[key])
+
+
+def _config(data: dict, state: dict, kind: str, dim: int, normalize: bool) -> ResUNetConfig:
+    meta = data.get("model")
+    if isinstance(meta, dict) and "config" in meta:
+        if meta.get("kind") != kind:
+            raise CheckpointError(f"checkpoint holds a {meta.get('kind')!r} model, not {kind!r}")
+        return ResUNetConfig(**meta["config"])
+    try:
+        return config_from_state_dict(state, dim, normalize)
+    except (KeyError, ValueError) as err:
+        raise CheckpointError(str(err)) from err
+
+
+def load_fcgf(path: str | Path, device: torch.device | str | None = None) -> ResUNet:
+    """FCGF from our checkpoint or an official FCGF/DGR file (``state_dict``), in eval mode."""
+    data = read_checkpoint(path)
+    state = _state(data, "state_dict", path)
+    model = build_fcgf(_config(data, state, "fcgf", 3, True))
+    load_weights(model, state)
+    return model.to(device or "cpu").eval()
+
+
+def load_inlier(path: str | Path, device: torch.device | str | None = None) -> InlierNetwork:
+    """The 6-D inlier network from our checkpoint or an official DGR file (``state_dict_inlier``)."""
+    data = read_checkpoint(path)
+    key = "state_dict_inlier" if "state_dict_inlier" in data else "state_dict"
+    state = _state(data, key, path)
+    model = InlierNetwork(_config(data, state, "inlier", 6, False))
+    load_weights(model, state)
+    return model.to(device or "cpu").eval()
+
+
+def load_dgr(path: str | Path, device: torch.device | str | None = None) -> tuple[ResUNet, InlierNetwork]:
+    """Both networks of an official DGR checkpoint (``state_dict`` and ``state_dict_inlier``)."""
+    data = read_checkpoint(path)
+    if "state_dict_inlier" not in data:
+        raise CheckpointError(f"{path} is not a DGR checkpoint: no 'state_dict_inlier'")
+    return load_fcgf(path, device), load_inlier(path, device)

@@ -1,0 +1,60 @@
+"""FCGF: fully convolutional geometric features (Choy et al. 2019), the ResUNet over a voxelised
+cloud with ones as input features, giving one L2-normalised descriptor per voxel.
+
+Presets: ``kitti`` is the official KITTI model (ResUNetBN2C, 32-D output, first kernel 5, widths
+[32, 64, 128, 256] / [64, 64, 64, 128], voxel 0.3 m; loads the official checkpoint unchanged);
+``compact`` is a narrow variant small enough (about 1 MB of weights) to ship in the repository.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from s2h_ros.models.resunet import ResUNet, ResUNetConfig
+from s2h_ros.sparse import SparseTensor
+from s2h_ros.sparse.quantize import as_points
+
+PRESETS: dict[str, ResUNetConfig] = {
+    "kitti": ResUNetConfig(in_channels=1, out_channels=32, channels=[32, 64, 128, 256],
+                           tr_channels=[64, 64, 64, 128], conv1_kernel_size=5, dim=3, normalize=True),
+    "compact": ResUNetConfig(in_channels=1, out_channels=32, channels=[16, 32, 64, 64],
+                             tr_channels=[32, 32, 32, 64], conv1_kernel_size=3, dim=3, normalize=True),
+}
+DEFAULT_VOXEL = 0.3  # metres, the KITTI setting of FCGF and DGR
+
+
+def fcgf_config(preset: str = "kitti") -> ResUNetConfig:
+    """A fresh copy of a preset's configuration."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown FCGF preset {preset!r} (choose from {', '.join(PRESETS)})")
+    return ResUNetConfig(**PRESETS[preset].to_dict())
+
+
+def build_fcgf(preset: str | ResUNetConfig = "kitti") -> ResUNet:
+    """An FCGF network (random weights) of a preset name or an explicit configuration."""
+    config = preset if isinstance(preset, ResUNetConfig) else fcgf_config(preset)
+    if config.dim != 3:
+        raise ValueError(f"FCGF works on 3-D points, config has dim={config.dim}")
+    return ResUNet(config)
+
+
+@torch.no_grad()
+def extract_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: float = DEFAULT_VOXEL,
+                     device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Voxelise a (N, 3) cloud and run FCGF in eval mode.
+
+    Returns ``voxel_xyz`` (M, 3) float32, the first input point of each occupied voxel (real
+    measured positions, as FCGF/DGR use them for Procrustes), and ``feats`` (M, C) float32, the
+    unit-norm descriptors of those voxels, both on ``device`` (default: the model's device).
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    model = model.to(device).eval()
+    pts = as_points(xyz, 3, "xyz").to(device=device, dtype=torch.float32)
+    x = SparseTensor.from_points(pts, voxel)
+    # from_points sorts rows by voxel; recover each voxel's first point in that order
+    from s2h_ros.sparse import sparse_quantize
+
+    _, first, _ = sparse_quantize(pts, voxel)
+    feats = model(x).feats
+    return pts[first], feats
