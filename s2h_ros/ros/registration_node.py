@@ -18,6 +18,7 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from nav_msgs.msg import Odometry, Path
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data
@@ -63,7 +64,7 @@ class RegistrationNode(Node):
 
         # One-slot hand-over between the callback and the worker.
         self._cv = threading.Condition()
-        self._pending: PointCloud2 | None = None
+        self._pending: tuple[PointCloud2, float] | None = None  # (message, monotonic receipt time)
         self._stop = False
         self.stats = {"received": 0, "processed": 0, "dropped": 0, "failed": 0, "bad_input": 0, "keyframes": 0}
         self._latencies = deque(maxlen=200)
@@ -71,7 +72,9 @@ class RegistrationNode(Node):
         self._scan_id = 0
         self.worker = threading.Thread(target=self._work, name="s2h_registration", daemon=True)
         self.worker.start()
-        self.create_timer(float(p["diagnostics_period"]), self._publish_diagnostics)
+        # Wall-clock timer: diagnostics keep coming when a paused bag stops /clock.
+        self.create_timer(float(p["diagnostics_period"]), self._publish_diagnostics,
+                          clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(
             f"registering {p['cloud_topic']} ({p['qos']} QoS) on {self.settings.registration.device}, "
             f"features={self.registrar.feature_kind()}, matcher={self.settings.registration.matcher}"
@@ -83,7 +86,7 @@ class RegistrationNode(Node):
             self.stats["received"] += 1
             if self._pending is not None:
                 self.stats["dropped"] += 1
-            self._pending = msg
+            self._pending = (msg, time.monotonic())
             self._cv.notify()
 
     def stop(self) -> None:
@@ -99,15 +102,14 @@ class RegistrationNode(Node):
                 self._cv.wait_for(lambda: self._pending is not None or self._stop)
                 if self._stop:
                     return
-                msg, self._pending = self._pending, None
+                (msg, received), self._pending = self._pending, None
             try:
-                self._process(msg)
+                self._process(msg, received)
             except Exception as exc:  # never let one scan kill the node
                 self.stats["failed"] += 1
                 self.get_logger().error(f"scan {self._scan_id}: unexpected error: {exc!r}")
 
-    def _process(self, msg: PointCloud2) -> None:
-        t0 = time.perf_counter()
+    def _process(self, msg: PointCloud2, received: float) -> None:
         scan_id = self._scan_id
         self._scan_id += 1
         stamp = msg.header.stamp
@@ -128,29 +130,27 @@ class RegistrationNode(Node):
             self.stats["failed"] += 1
             self.get_logger().warn(f"scan {scan_id}: {step.message}")
         self.pub_result.publish(messages.result_message(step, msg.header, scan_id))
-        kf_pose = self._keyframe_pose_for(step)
+        scan_pose = kf_pose = None
+        if step.success:  # keyframe pose = scan pose composed with (keyframe <- scan)^-1
+            scan_pose = self._sensor_in_odom(step.pose)
+            kf_pose = scan_pose @ geometry.invert_transform(step.T_keyframe_scan)
         self.pub_markers.publish(messages.correspondence_markers(
-            step, self.odom_frame, stamp, kf_pose, int(self.settings.node["max_markers"]),
+            step, self.odom_frame, stamp, scan_pose, kf_pose, int(self.settings.node["max_markers"]),
             int(self.settings.node["keyframe_cloud_max_points"]), self._rng))
-        now = self.get_clock().now().nanoseconds * 1e-9
-        self._latencies.append(now - messages.stamp_to_sec(stamp))
-        self._done_times.append(time.monotonic())
-        self.get_logger().debug(f"scan {scan_id} done in {1e3 * (time.perf_counter() - t0):.0f} ms")
+        done = time.monotonic()
+        self._latencies.append(done - received)  # receipt -> published, wall clock
+        self._done_times.append(done)
 
-    def _keyframe_pose_for(self, step: OdometryStep) -> np.ndarray:
-        # The step's keyframe pose in the odometry frame: scan pose composed with keyframe<-scan inverse.
-        if step.pose is None or step.T_keyframe_scan is None:
-            return np.eye(4)
-        return self._odom_from_sensor_pose(step.pose @ geometry.invert_transform(step.T_keyframe_scan))
+    def _sensor_in_odom(self, P: np.ndarray) -> np.ndarray:
+        """Sensor pose ``P`` (in the first scan's sensor frame) expressed in the odom frame.
 
-    def _odom_from_sensor_pose(self, P: np.ndarray) -> np.ndarray:
-        """Sensor pose in the first sensor frame -> the same pose expressed in the odom frame."""
-        if not self.base_frame:
-            return P
-        return self.sensor_to_base @ P @ geometry.invert_transform(self.sensor_to_base)
+        odom is the base frame at the first scan (REP-105), where the sensor sits at
+        ``sensor_to_base``; without a base frame, odom is the first sensor frame itself.
+        """
+        return self.sensor_to_base @ P if self.base_frame else P
 
     def _publish_pose(self, step: OdometryStep, stamp, sensor_frame: str) -> None:
-        T_odom_sensor = self._odom_from_sensor_pose(step.pose)
+        T_odom_sensor = self._sensor_in_odom(step.pose)
         if self.base_frame:
             child = self.base_frame
             T = T_odom_sensor @ geometry.invert_transform(self.sensor_to_base)  # odom -> base
