@@ -184,9 +184,12 @@ def test_eval_command_writes_json_table_and_plot_for_the_real_3dmatch_pair(tmp_p
 
     out = tmp_path / "demo.json"
     rc = main(["eval", "--dataset", "3dmatch-demo", "--methods", "icp,fpfh_ransac", "--json", str(out),
-               "--markdown", str(tmp_path / "demo.md"), "--plots", str(tmp_path), "--no-progress"])
+               "--markdown", str(tmp_path / "demo.md"), "--plots", str(tmp_path), "--no-progress",
+               "--jsonl", str(tmp_path / "records.jsonl")])
     assert rc == 0
     result = json.loads(out.read_text())
+    streamed = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert streamed == result["pairs"]
     assert result["scale"] == "indoor" and result["threshold"] == {"re_deg": 15.0, "te_m": 0.3}
     assert set(result["summary"]) == {"icp", "fpfh_ransac"}
     assert result["summary"]["fpfh_ransac"]["recall"] == 1.0  # RANSAC registers this real pair

@@ -8,6 +8,7 @@ results with ``--json``, and PNG plots (error CDFs, top-view trajectories) with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device for s2h (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch, Open3D and KISS-ICP")
     parser.add_argument("--json", type=Path, help="write all results here as JSON")
+    parser.add_argument("--jsonl", type=Path, help="stream each pair record here as one JSON line, as it is made")
     parser.add_argument("--markdown", type=Path, help="write the results table here")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -223,6 +225,19 @@ def method_settings(method: Any) -> dict[str, Any]:
     return out
 
 
+class JsonLines:
+    """Writes each record as one flushed JSON line (results survive a stopped run)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def __call__(self, record: dict) -> None:
+        from s2h_ros.evaluation.report import jsonable
+
+        self.stream.write(json.dumps(jsonable(record), allow_nan=False) + "\n")
+        self.stream.flush()
+
+
 def _machine(threads: int | None) -> dict[str, Any]:
     return {"host": platform.node(), "cpus": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg()),
             "threads": threads, "python": platform.python_version()}
@@ -255,7 +270,12 @@ def run(args: argparse.Namespace) -> int:
                               "machine": _machine(args.threads)}
     if task == "pairs":
         pairs = load_pairs(args)
-        ev = evaluate_pairs(methods, pairs, threshold, progress=progress)
+        with contextlib.ExitStack() as stack:
+            on_record = None
+            if args.jsonl is not None:
+                args.jsonl.parent.mkdir(parents=True, exist_ok=True)
+                on_record = JsonLines(stack.enter_context(args.jsonl.open("w")))
+            ev = evaluate_pairs(methods, pairs, threshold, progress=progress, on_record=on_record)
         table = pairs_table(ev.summary)
         result.update(threshold=vars(threshold), summary=ev.summary, pairs=ev.records)
         if args.plots is not None:

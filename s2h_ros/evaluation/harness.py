@@ -18,7 +18,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -155,8 +155,13 @@ def run_pair(method: Any, pair: PointCloudPair) -> tuple[np.ndarray, dict]:
 
 
 def evaluate_pairs(methods: dict[str, Any], pairs: Iterable[PointCloudPair], threshold: RecallThreshold,
-                   progress: bool = True, total: int | None = None) -> PairEvaluation:
-    """Register every pair with every method (interleaved) and score them against ``T_gt``."""
+                   progress: bool = True, total: int | None = None,
+                   on_record: Callable[[dict], None] | None = None) -> PairEvaluation:
+    """Register every pair with every method (interleaved) and score them against ``T_gt``.
+
+    ``on_record`` sees each record as soon as it exists (e.g. to stream JSON lines, so a long
+    run that is stopped still leaves its results).
+    """
     if not methods:
         raise ValueError("no methods to evaluate")
     for name, method in methods.items():
@@ -172,6 +177,8 @@ def evaluate_pairs(methods: dict[str, Any], pairs: Iterable[PointCloudPair], thr
             ok = bool(re[0] < threshold.re_deg and te[0] < threshold.te_m)
             out.records.append({"method": name, "pair": pair.name or str(k), "re_deg": float(re[0]),
                                 "te_m": float(te[0]), "registered": ok, **record})
+            if on_record is not None:
+                on_record(out.records[-1])
     if not out.records:
         raise ValueError("no pairs to evaluate")
     for name in methods:
