@@ -6,12 +6,12 @@ import open3d as o3d
 import pytest
 from scipy.spatial import cKDTree
 
-from s2h_ros.datasets.kitti import KittiSequence
+from s2h_ros.datasets.kitti import KittiSequence, velodyne_to_camera
 from s2h_ros.datasets.synthetic import (
     LIDAR_PRESETS,
     LidarModel,
     SyntheticWorld,
-    kitti_velo_to_cam,
+    KITTI_CALIB,
     simulate_sequence,
     synthetic_pairs,
 )
@@ -94,7 +94,7 @@ def test_kitti_layout_is_read_back_equal_by_the_kitti_reader(tmp_path):
     np.testing.assert_array_equal(raw[:, 3], scan.intensity)
     # poses.txt holds camera-0 poses: Tr^-1 P_i Tr gives back the Velodyne poses (KITTI convention).
     P = np.loadtxt(tmp_path / "poses.txt").reshape(-1, 3, 4)
-    Tr = kitti_velo_to_cam()
+    Tr = velodyne_to_camera(KITTI_CALIB)
     P4 = np.tile(np.eye(4), (3, 1, 1))
     P4[:, :3] = P
     np.testing.assert_allclose(np.linalg.inv(Tr) @ P4 @ Tr, seq.poses, atol=1e-9)

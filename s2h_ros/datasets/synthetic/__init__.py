@@ -11,8 +11,8 @@ from s2h_ros.datasets.synthetic.scene import SyntheticWorld
 from s2h_ros.datasets.synthetic.sensor import LIDAR_PRESETS, LidarModel
 from s2h_ros.datasets.synthetic.sequence import (
     SyntheticScan,
+    KITTI_CALIB,
     SyntheticSequence,
-    kitti_velo_to_cam,
     simulate_sequence,
     synthetic_pairs,
     write_kitti_layout,
@@ -20,13 +20,13 @@ from s2h_ros.datasets.synthetic.sequence import (
 from s2h_ros.datasets.synthetic.trajectory import Trajectory
 
 __all__ = [
+    "KITTI_CALIB",
     "LIDAR_PRESETS",
     "LidarModel",
     "SyntheticScan",
     "SyntheticSequence",
     "SyntheticWorld",
     "Trajectory",
-    "kitti_velo_to_cam",
     "simulate_sequence",
     "synthetic_pairs",
     "write_kitti_layout",

@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from s2h_ros import paths
+from s2h_ros.datasets.kitti import velodyne_to_camera, write_poses
 from s2h_ros.datasets.synthetic.primitives import MeshBuilder
 from s2h_ros.datasets.synthetic.scene import SyntheticWorld, add_cars, seeded_rng
 from s2h_ros.datasets.synthetic.sensor import LidarModel
@@ -40,16 +41,6 @@ def _rotate(v: np.ndarray, R: np.ndarray) -> np.ndarray:
     array can cost 80 ms when OpenBLAS threads compete with Open3D's ray-casting threads."""
     R = R.astype(np.float32)
     return v[:, 0:1] * R[:, 0] + v[:, 1:2] * R[:, 1] + v[:, 2:3] * R[:, 2]
-
-
-def kitti_velo_to_cam(calib_path: Path = KITTI_CALIB) -> np.ndarray:
-    """(4, 4) float64 ``Tr`` (Velodyne -> camera-0) read from a KITTI calib.txt."""
-    for line in Path(calib_path).read_text().splitlines():
-        if line.startswith("Tr:"):
-            T = np.eye(4)
-            T[:3, :4] = np.array(line.split()[1:], np.float64).reshape(3, 4)
-            return T
-    raise ValueError(f"{calib_path}: no 'Tr:' line")
 
 
 class SyntheticSequence:
@@ -174,13 +165,13 @@ def write_kitti_layout(out_dir: str | Path, scans, poses_velo: np.ndarray, stamp
     if n != len(poses_velo) or n != len(stamps):
         raise ValueError(f"{n} scans but {len(poses_velo)} poses and {len(stamps)} stamps")
     if Tr is None:
-        Tr = kitti_velo_to_cam()
+        Tr = velodyne_to_camera(KITTI_CALIB)
         calib = KITTI_CALIB.read_text()
     else:
         lines = [ln for ln in KITTI_CALIB.read_text().splitlines() if not ln.startswith("Tr:")]
         calib = "\n".join(lines + ["Tr: " + " ".join(f"{v:.12e}" for v in np.asarray(Tr)[:3, :4].ravel())]) + "\n"
     P = Tr[None] @ np.asarray(poses_velo, np.float64) @ np.linalg.inv(Tr)[None]
-    np.savetxt(out / "poses.txt", P[:, :3, :4].reshape(-1, 12), fmt="%.12e")
+    write_poses(out / "poses.txt", P)
     np.savetxt(out / "times.txt", np.asarray(stamps, np.float64), fmt="%.6e")
     (out / "calib.txt").write_text(calib)
 
