@@ -8,6 +8,7 @@ reported on its own (beams, points per beam) next to the published KITTI figure.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -130,6 +131,7 @@ def compare_with_kitti(seed: int = 0, n_scans: int = 4, voxel: float = 0.2, crop
             "ms_bare_cast_rays_median": round(1e3 * float(np.median(t_cast)), 1),
             "ratio_scan_to_cast": round(float(np.median(t_scan) / np.median(t_cast)), 2),
             "rays_per_scan": int(len(rays)),
+            "load_average_1min": round(os.getloadavg()[0], 2),
         },
     }
 
@@ -162,7 +164,7 @@ def comparison_markdown(result: dict) -> str:
         f"{raw['points_per_beam_min_median_max'][2]:.0f} (KITTI: {raw['kitti_published_points_per_scan']}).",
         f"Time per scan: {tm['ms_per_scan_median']} ms median, against {tm['ms_bare_cast_rays_median']} ms for the "
         f"bare Open3D cast_rays of the same {tm['rays_per_scan']} rays in the same run "
-        f"(ratio {tm['ratio_scan_to_cast']}).",
+        f"(ratio {tm['ratio_scan_to_cast']}; machine load average {tm['load_average_1min']}).",
         "",
         f"Caveat: {result['caveat']}.",
     ]
