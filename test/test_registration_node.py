@@ -21,8 +21,6 @@ from tf2_msgs.msg import TFMessage
 from visualization_msgs.msg import Marker, MarkerArray
 
 from s2h_ros.commands.replay import node_command
-from s2h_ros.datasets.kitti import KittiSequence
-from s2h_ros.datasets.synthetic import simulate_sequence
 from s2h_ros.ros import messages
 from s2h_ros.ros.replay import RELIABLE, SequenceReplayer, evaluate_replay
 
@@ -37,10 +35,9 @@ NODE_PARAMS = [
 
 
 @pytest.fixture(scope="module")
-def drive(tmp_path_factory):
-    out = tmp_path_factory.mktemp("drive")
-    simulate_sequence(n_frames=N_FRAMES, seed=11, sensor="vlp16", speed=8.0, out_dir=out)
-    return KittiSequence(out)
+def drive(vlp16_drive):
+    assert len(vlp16_drive) == N_FRAMES
+    return vlp16_drive
 
 
 @pytest.fixture(scope="module")

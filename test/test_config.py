@@ -1,0 +1,45 @@
+"""The one typed config: defaults in one place, clear errors for wrong types and ranges."""
+from __future__ import annotations
+
+import pytest
+
+from s2h_ros.config import ConfigError, OdometryConfig, RegistrationConfig, config_from_dict, describe
+from s2h_ros.matching import OUTLIER_RULES
+
+
+def test_defaults_are_valid_and_documented():
+    for cls in (RegistrationConfig, OdometryConfig):
+        cls()
+        for name, typ, default, description, _ in describe(cls):
+            assert description, f"{cls.__name__}.{name} has no description"
+            assert isinstance(default, typ)
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"voxel_size": "0.3"}, "voxel_size"),
+    ({"voxel_size": -1.0}, "voxel_size"),
+    ({"k": 2.5}, "k"),
+    ({"k": True}, "k"),
+    ({"device": "gpu"}, "device"),
+    ({"matcher": "hungarian"}, "matcher"),
+    ({"temperature": float("nan")}, "temperature"),
+])
+def test_wrong_type_or_range_is_rejected_naming_the_field(bad, field):
+    with pytest.raises(ConfigError, match=field):
+        RegistrationConfig(**bad)
+
+
+def test_integers_are_accepted_for_float_fields():
+    assert RegistrationConfig(voxel_size=1).voxel_size == 1.0
+
+
+def test_unknown_keys_are_rejected_by_name():
+    with pytest.raises(ConfigError, match="voxel"):
+        config_from_dict(RegistrationConfig, {"voxel": 0.3})
+
+
+def test_outlier_profit_choices_are_the_matching_engine_rules():
+    for rule in OUTLIER_RULES:
+        assert RegistrationConfig(outlier_profit=rule).outlier_profit == rule
+    with pytest.raises(ConfigError):
+        RegistrationConfig(outlier_profit="paper")

@@ -1,0 +1,84 @@
+"""register(): SHM_DGR end to end on real and generated pairs, with clear failures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s2h_ros import geometry
+from s2h_ros.config import RegistrationConfig
+from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
+from s2h_ros.pipeline import Registrar, RegistrationError, register
+
+# No shipped weights are assumed here: these tests pin the Open3D FPFH path, which needs none.
+INDOOR = RegistrationConfig(voxel_size=0.05, features="fpfh", matcher="mutual_nn", inlier_distance=0.1)
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    return threedmatch_demo_pair()
+
+
+def test_real_3dmatch_pair_is_registered_within_the_benchmark_thresholds(demo_pair):
+    result = register(demo_pair.source, demo_pair.target, INDOOR)
+    re, te = geometry.transform_errors(result.transform, demo_pair.T_gt)
+    assert result.success, result.message
+    assert re < 15.0 and te < 0.30  # 3DMatch success thresholds
+    assert result.num_inliers >= INDOOR.min_inliers
+    assert {"voxelize", "features", "match", "refine", "total"} <= set(result.timings)
+
+
+def test_correspondences_index_the_returned_voxels(demo_pair):
+    result = register(demo_pair.source, demo_pair.target, INDOOR)
+    c = result.correspondences
+    assert c.ndim == 2 and c.shape[1] == 2 and len(c) == len(result.weights)
+    assert c[:, 0].max() < len(result.source_xyz) and c[:, 1].max() < len(result.target_xyz)
+    # Inliers really are close after alignment.
+    moved = geometry.apply_transform(result.transform, result.source_xyz[c[result.inlier_mask, 0]])
+    assert np.all(np.linalg.norm(moved - result.target_xyz[c[result.inlier_mask, 1]], axis=1) < INDOOR.inlier_distance)
+
+
+def test_a_prepared_keyframe_is_reused_without_recomputing_features(demo_pair):
+    reg = Registrar(INDOOR)
+    keyframe = reg.prepare(demo_pair.target)
+    result = reg.register(demo_pair.source, keyframe)
+    again = reg.register(reg.prepare(demo_pair.source), keyframe)
+    assert "features" in result.timings and "features" not in again.timings
+    assert np.allclose(result.transform, again.transform, atol=1e-6)
+
+
+def test_unrelated_clouds_are_reported_as_failures_not_transforms(rng):
+    a = rng.uniform(-5, 5, (4000, 3)).astype(np.float32)
+    b = rng.uniform(-5, 5, (4000, 3)).astype(np.float32)
+    result = register(a, b, INDOOR.replace(min_fitness=0.5))
+    assert not result.success and result.message
+
+
+@pytest.mark.parametrize("cloud, match", [
+    (np.zeros((0, 3), np.float32), "no finite points"),
+    (np.full((100, 3), np.nan, np.float32), "no finite points"),
+    (np.zeros((10, 2), np.float32), "shape"),
+    (np.zeros((100, 3), np.float32), "voxels"),
+])
+def test_bad_clouds_raise_one_clear_error(cloud, match, demo_pair):
+    with pytest.raises(RegistrationError, match=match):
+        register(cloud, demo_pair.target, INDOOR)
+
+
+def test_nan_points_are_dropped_not_propagated(demo_pair):
+    src = demo_pair.source.copy()
+    src[::7] = np.nan
+    result = register(src, demo_pair.target, INDOOR)
+    assert np.isfinite(result.transform).all() and result.success
+
+
+@pytest.mark.parametrize("matcher", ["nn", "mutual_nn", "s2h"])
+def test_every_matcher_yields_one_to_one_or_many_to_one_pairs_as_specified(matcher, demo_pair):
+    reg = Registrar(INDOOR.replace(matcher=matcher))
+    src, tgt = reg.prepare(demo_pair.source), reg.prepare(demo_pair.target)
+    result = reg.register(src, tgt)
+    c = result.correspondences
+    assert len(np.unique(c[:, 0])) == len(c)  # one partner per source voxel at most
+    if matcher != "nn":  # S2H (a partial permutation) and mutual NN are one-to-one
+        assert len(np.unique(c[:, 1])) == len(c)
+    else:
+        assert len(c) == len(src.xyz)
