@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "features": ("s2h_ros.benchmarks.features", "FCGF forward time and peak memory per preset"),
     "pointcloud2": ("s2h_ros.benchmarks.pointcloud2", "PointCloud2 <-> numpy conversion time"),
     "pipeline": ("s2h_ros.benchmarks.pipeline", "register() time per stage against FPFH + RANSAC"),
+    "replay": ("s2h_ros.benchmarks.replay", "registration_node under a live stream vs KISS-ICP"),
 }
 
 
