@@ -10,6 +10,7 @@ the weights, so no configuration is needed to rebuild the model.
 from __future__ import annotations
 
 import argparse
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,16 @@ class CheckpointError(ValueError):
     """A weight file that cannot be read or does not fit the model."""
 
 
-class _AttrDict(dict):
-    """Stand-in for easydict.EasyDict when reading official configs: keys kept, attributes too."""
+class _EasyDictAsOrderedDict:
+    """Stand-in for easydict.EasyDict when reading official configs: rebuilt as an OrderedDict (the
+    one dict type the weights-only unpickler fills), keys and values kept."""
+
+    def __new__(cls, *args):
+        return OrderedDict()
 
 
 def _safe_globals() -> list:
-    allowed: list = [(_AttrDict, "easydict.EasyDict"), argparse.Namespace, np.dtype, np.ndarray]
+    allowed: list = [(_EasyDictAsOrderedDict, "easydict.EasyDict"), argparse.Namespace, np.dtype, np.ndarray]
     core = getattr(np, "_core", None) or np.core
     allowed += [core.multiarray.scalar, core.multiarray._reconstruct]
     allowed += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]

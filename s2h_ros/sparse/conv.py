@@ -16,10 +16,13 @@ def sparse_conv(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap) -> t
     """(N_in, C_in) features, [K, C_in, C_out] kernel -> (N_out, C_out) features."""
     if feats.shape[0] != kmap.n_in:
         raise ValueError(f"features have {feats.shape[0]} rows, kernel map expects {kmap.n_in}")
+    # unbind once: indexing kernel[k] per offset would make autograd add a full-size zero
+    # gradient per offset (quadratic in K, which is 729 in 6-D)
+    weights = kernel.unbind(0)
     if kmap.identity is not None:  # centre offset of a stride-1 map: a plain matmul, no scatter
-        out = feats @ kernel[kmap.identity]
+        out = feats @ weights[kmap.identity]
     else:
         out = feats.new_zeros(kmap.n_out, kernel.shape[-1])
     for k, i, o in zip(kmap.kernel_ids, kmap.in_idx, kmap.out_idx):
-        out.index_add_(0, o, feats.index_select(0, i) @ kernel[k])
+        out.index_add_(0, o, feats.index_select(0, i) @ weights[k])
     return out

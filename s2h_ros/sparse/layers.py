@@ -52,7 +52,9 @@ class Conv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """He initialisation for ReLU networks, fan-in = K * C_in."""
+        """He initialisation for ReLU networks, fan-in = K * C_in (nothing to do on the meta device)."""
+        if self.kernel.is_meta:
+            return
         fan_in = self.in_channels * self.kernel_size**self.dim
         nn.init.normal_(self.kernel, 0.0, math.sqrt(2.0 / fan_in))
         if self.bias is not None:
