@@ -142,3 +142,25 @@ def test_cuda_matches_cpu(cloud):
     cpu_f, cpu_c = run("cpu")
     gpu_f, gpu_c = run("cuda")
     assert torch.equal(cpu_c, gpu_c) and torch.allclose(cpu_f, gpu_f, atol=1e-10)
+
+
+def _minkowski_or_skip():
+    from s2h_ros.sparse import minkowski
+
+    if not minkowski.available():
+        pytest.skip("MinkowskiEngine is not installed (optional backend; not counted as passing)")
+    return minkowski
+
+
+def test_minkowski_backend_gives_the_same_outputs_on_the_same_weights(cloud):
+    """Run once with a MinkowskiEngine build (see docs/sparse.md); skipped where it is absent."""
+    minkowski = _minkowski_or_skip()
+    from s2h_ros.models import build_fcgf
+
+    torch.manual_seed(0)
+    model = build_fcgf("compact").eval()
+    pts = cloud * 10.0
+    with torch.no_grad():
+        ours = model(SparseTensor.from_points(pts, 0.3))
+        theirs = model(minkowski.from_points(pts, 0.3))
+    assert torch.allclose(minkowski.to_rows(theirs, ours.coords), ours.feats, atol=1e-4)
