@@ -29,6 +29,28 @@ def seeded_rng(seed: int, *keys: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed) % 2**63] + [int(k) + 2**31 for k in keys]))
 
 
+def _random_waves(rng: np.random.Generator, n: int, wavelengths: tuple[float, float], amplitude) -> np.ndarray:
+    """(n, 4) plane waves: wavenumber, direction, amplitude (``amplitude(k)``), phase."""
+    k = 2 * np.pi / rng.uniform(wavelengths[0], wavelengths[1], n)
+    direction = rng.uniform(0, 2 * np.pi, n)
+    phase = rng.uniform(0, 2 * np.pi, n)
+    return np.column_stack([k, direction, amplitude(k), phase])
+
+
+def _wave_sum(waves: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of plane waves a sin(k (cos d x + sin d y) + p) at (x, y): value (...) and gradient (..., 2)."""
+    x, y = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(y, np.float64))
+    z = np.zeros(x.shape)
+    g = np.zeros(x.shape + (2,))
+    for k, d, a, p in waves:
+        arg = k * (np.cos(d) * x + np.sin(d) * y) + p
+        z += a * np.sin(arg)
+        c = a * k * np.cos(arg)
+        g[..., 0] += c * np.cos(d)
+        g[..., 1] += c * np.sin(d)
+    return z, g
+
+
 @dataclass
 class Hits:
     """What a batch of rays hit: distance along the ray (inf = nothing), surface albedo, |cos| of incidence."""
@@ -55,12 +77,12 @@ class SyntheticWorld:
             self.speed_range = (5.0, 15.0)  # m/s cruise speeds
             self.accel = 2.0  # m/s^2
             self.sensor_height = 1.73  # KITTI's Velodyne is 1.73 m above the road
-            # Terrain: a few long-wavelength sinusoids; slopes stay below ~4 %.
-            n = 4
-            self._wave_k = rng.uniform(2 * np.pi / 700.0, 2 * np.pi / 180.0, size=n)
-            self._wave_dir = rng.uniform(0, 2 * np.pi, size=n)
-            self._wave_amp = rng.uniform(0.2, 0.7, size=n) * 0.035 / self._wave_k
-            self._wave_phase = rng.uniform(0, 2 * np.pi, size=n)
+            # Terrain: a few long-wavelength sinusoids (rows: wavenumber, direction, amplitude,
+            # phase); slopes stay below ~4 %. Relief: short waves of ~2.5 cm RMS on the ground
+            # surfaces only (not under the vehicle), so the ground carries world-fixed texture
+            # instead of being a perfect plane on which only the sensor's rings show.
+            self._terrain = _random_waves(rng, 4, (180.0, 700.0), lambda k: rng.uniform(0.2, 0.7, 4) * 0.035 / k)
+            self._relief = _random_waves(rng, 12, (3.0, 10.0), lambda k: rng.uniform(0.005, 0.015, 12))
         else:
             self.pitch = float(rng.uniform(6.0, 9.0))  # room side
             self.road_half_width = 0.0
@@ -70,7 +92,7 @@ class SyntheticWorld:
             self.accel = 0.5
             self.sensor_height = 1.0
             self.room_height = float(rng.uniform(2.6, 3.4))
-            self._wave_k = self._wave_dir = self._wave_amp = self._wave_phase = np.zeros(0)
+            self._terrain = self._relief = np.zeros((0, 4))
         # Farthest distance geometry is built for: rooms occlude each other, so indoors ~5 rooms.
         self.horizon = np.inf if kind == "outdoor" else 5.0 * self.pitch
         self._tiles: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
@@ -81,24 +103,16 @@ class SyntheticWorld:
 
     # ---------------------------------------------------------------- ground
     def terrain_height(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Road-surface height z(x, y) in metres (0 indoors)."""
-        x = np.asarray(x, np.float64)
-        y = np.asarray(y, np.float64)
-        z = np.zeros(np.broadcast(x, y).shape)
-        for k, d, a, p in zip(self._wave_k, self._wave_dir, self._wave_amp, self._wave_phase):
-            z = z + a * np.sin(k * (np.cos(d) * x + np.sin(d) * y) + p)
-        return z
+        """Road-surface height z(x, y) in metres (0 indoors): what the vehicle drives on."""
+        return _wave_sum(self._terrain, x, y)[0]
 
     def terrain_gradient(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """(..., 2) gradient (dz/dx, dz/dy) of the terrain."""
-        x = np.asarray(x, np.float64)
-        y = np.asarray(y, np.float64)
-        g = np.zeros(np.broadcast(x, y).shape + (2,))
-        for k, d, a, p in zip(self._wave_k, self._wave_dir, self._wave_amp, self._wave_phase):
-            c = a * k * np.cos(k * (np.cos(d) * x + np.sin(d) * y) + p)
-            g[..., 0] += c * np.cos(d)
-            g[..., 1] += c * np.sin(d)
-        return g
+        return _wave_sum(self._terrain, x, y)[1]
+
+    def ground_height(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Height of the ground surfaces: the terrain plus the centimetre-scale relief."""
+        return _wave_sum(self._terrain, x, y)[0] + _wave_sum(self._relief, x, y)[0]
 
     # ---------------------------------------------------------------- tiles
     def tile_of(self, xy: np.ndarray) -> tuple[int, int]:
@@ -197,14 +211,14 @@ def _build_block(world: SyntheticWorld, mb: MeshBuilder, rng: np.random.Generato
     """One tile: road surface around a raised block with curbs, street furniture and a land use."""
     p, w = world.pitch, world.road_half_width
     x0, y0 = i * p, j * p
-    h = world.terrain_height
-    mb.add_heightfield(x0, x0 + p, y0, y0 + p, 3.0, h, albedo=0.12)  # asphalt
+    h, surface = world.terrain_height, world.ground_height
+    mb.add_heightfield(x0, x0 + p, y0, y0 + p, 1.5, surface, albedo=0.12)  # asphalt
     curb = float(rng.uniform(0.1, 0.18))
     bx0, bx1, by0, by1 = x0 + w, x0 + p - w, y0 + w, y0 + p - w
-    mb.add_heightfield(bx0, bx1, by0, by1, 3.0, lambda X, Y: h(X, Y) + curb, albedo=0.3)
+    mb.add_heightfield(bx0, bx1, by0, by1, 1.5, lambda X, Y: surface(X, Y) + curb, albedo=0.3)
     # Curbs: a vertical face around the block (closed loop).
     loop = _rect_loop(bx0, bx1, by0, by1, 1.5)
-    zb = h(loop[:, 0], loop[:, 1])
+    zb = surface(loop[:, 0], loop[:, 1])
     mb.add_curtain(loop, zb, zb + curb, albedo=0.35)
 
     side = bx1 - bx0
