@@ -153,6 +153,8 @@ def test_sequence_evaluation_rebases_truth_and_reports_drift_and_time():
     assert exact["t_err_pct"] == pytest.approx(0, abs=1e-6) and exact["ate_rmse_m"] == pytest.approx(0, abs=1e-6)
     assert 1.9 < drift["t_err_pct"] < 2.2 and drift["ate_rmse_m"] > 0.1
     assert exact["time_per_frame_ms"] > 0 and exact["frames"] == 100
+    method_s = exact["time_per_frame_ms"] * 100 / 1e3  # the method's time excludes scan loading
+    assert 0 <= exact["load_time_s"] and method_s + exact["load_time_s"] == pytest.approx(exact["time_total_s"])
 
 
 def test_sequence_without_truth_or_too_short_is_rejected():
