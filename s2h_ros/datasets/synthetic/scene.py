@@ -37,18 +37,15 @@ def _random_waves(rng: np.random.Generator, n: int, wavelengths: tuple[float, fl
     return np.column_stack([k, direction, amplitude(k), phase])
 
 
-def _wave_sum(waves: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum of plane waves a sin(k (cos d x + sin d y) + p) at (x, y): value (...) and gradient (..., 2)."""
+def _wave_sum(waves: np.ndarray, x: np.ndarray, y: np.ndarray, gradient: bool = False) -> np.ndarray:
+    """Sum of plane waves a sin(k (cos d x + sin d y) + p) at (x, y): value (...), or gradient (..., 2)."""
     x, y = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(y, np.float64))
-    z = np.zeros(x.shape)
-    g = np.zeros(x.shape + (2,))
-    for k, d, a, p in waves:
-        arg = k * (np.cos(d) * x + np.sin(d) * y) + p
-        z += a * np.sin(arg)
-        c = a * k * np.cos(arg)
-        g[..., 0] += c * np.cos(d)
-        g[..., 1] += c * np.sin(d)
-    return z, g
+    k, d, a, p = waves.T
+    arg = k * (np.cos(d) * x[..., None] + np.sin(d) * y[..., None]) + p
+    if not gradient:  # (elementwise sums: BLAS on tiny products stalls against Open3D's threads)
+        return (np.sin(arg) * a).sum(-1)
+    c = np.cos(arg) * (a * k)
+    return np.stack([(c * np.cos(d)).sum(-1), (c * np.sin(d)).sum(-1)], axis=-1)
 
 
 @dataclass
@@ -104,15 +101,15 @@ class SyntheticWorld:
     # ---------------------------------------------------------------- ground
     def terrain_height(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Road-surface height z(x, y) in metres (0 indoors): what the vehicle drives on."""
-        return _wave_sum(self._terrain, x, y)[0]
+        return _wave_sum(self._terrain, x, y)
 
     def terrain_gradient(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """(..., 2) gradient (dz/dx, dz/dy) of the terrain."""
-        return _wave_sum(self._terrain, x, y)[1]
+        return _wave_sum(self._terrain, x, y, gradient=True)
 
     def ground_height(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Height of the ground surfaces: the terrain plus the centimetre-scale relief."""
-        return _wave_sum(self._terrain, x, y)[0] + _wave_sum(self._relief, x, y)[0]
+        return _wave_sum(self._terrain, x, y) + _wave_sum(self._relief, x, y)
 
     # ---------------------------------------------------------------- tiles
     def tile_of(self, xy: np.ndarray) -> tuple[int, int]:
