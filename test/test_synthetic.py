@@ -252,3 +252,21 @@ def test_simulate_command_writes_kitti_layout_and_bag(tmp_path):
     np.testing.assert_array_equal(scans[2].points, seq[2].points)
     np.testing.assert_allclose(scans[2].pose, seq.poses[2], atol=1e-9)
     assert (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pair_sampler_fills_narrow_distance_windows(seed):
+    """A window narrower than one frame's travel must not exhaust the sampler (it skips that start)."""
+    from s2h_ros.datasets.synthetic import Trajectory
+    from s2h_ros.datasets.synthetic.scene import seeded_rng
+    from s2h_ros.datasets.synthetic.sequence import _pair_frames
+
+    world = SyntheticWorld(seed)
+    traj = Trajectory.generate(world, 30 * 36.0 + 2 * world.pitch, seed)
+    stamps = np.arange(0.0, traj.duration, 0.1)
+    pos = traj.poses(stamps)[:, :3, 3]
+    frames = _pair_frames(pos, traj.arc_at(stamps), 30, 10.0, 11.0, seeded_rng(seed, 6, 0))
+    assert len(frames) == 30
+    d = np.array([np.linalg.norm(pos[b] - pos[a]) for a, b in frames])
+    assert np.all((d >= 10.0) & (d <= 11.0))
+    assert all(a < b for a, b in frames)

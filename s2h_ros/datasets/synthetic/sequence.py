@@ -232,6 +232,28 @@ def simulate_sequence(n_frames: int | None = None, length_m: float | None = None
     return seq
 
 
+def _pair_frames(pos: np.ndarray, arc: np.ndarray, n: int, min_distance: float, max_distance: float,
+                 rng: np.random.Generator) -> list[tuple[int, int]]:
+    """n frame pairs (a, b), a < b, with min <= |pos_b - pos_a| <= max; starts 5-20 m of route apart.
+
+    b is the frame nearest a random target distance before the drive first leaves the range; a
+    start with no frame inside [min, max] (a window narrower than one frame's travel) is skipped.
+    """
+    out, a = [], 0
+    while len(out) < n:
+        want = rng.uniform(min_distance, max_distance)
+        dist = np.linalg.norm(pos[a:] - pos[a], axis=1)
+        beyond = np.flatnonzero(dist > max_distance)
+        inside = np.flatnonzero(dist[: beyond[0] if len(beyond) else len(dist)] >= min_distance)
+        if len(inside):
+            out.append((a, a + int(inside[np.argmin(np.abs(dist[inside] - want))])))
+        nxt = np.flatnonzero(arc >= arc[a] + rng.uniform(5.0, 20.0))
+        if len(nxt) == 0 or (not len(inside) and not len(beyond)):
+            raise RuntimeError(f"the drive ended after {len(out)} of {n} pairs; lower n or max_distance")
+        a = int(nxt[0])
+    return out
+
+
 def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance: float = 20.0,
                     sensor: str | LidarModel = "hdl64", kind: str = "outdoor", noise: bool = True) -> list[PointCloudPair]:
     """n scan pairs from the world of ``seed``, sensors between min and max distance apart.
@@ -253,28 +275,17 @@ def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance:
     pos = seq.world_poses[:, :3, 3]
     arc = traj.arc_at(stamps)
     rng = seeded_rng(seed, 6, 0)
-    pairs, a = [], 0
+    pairs: list[PointCloudPair] = []
     cache: dict[int, SyntheticScan] = {}
-    while len(pairs) < n:
-        want = rng.uniform(min_distance, max_distance)
-        dist = np.linalg.norm(pos[a:] - pos[a], axis=1)
-        ok = np.flatnonzero((dist >= want) & (dist <= max_distance))
-        if len(ok) == 0:
-            raise RuntimeError(f"drive too short for {n} pairs (seed {seed}); lower max_distance or n")
-        b = a + int(ok[0])
+    for a, b in _pair_frames(pos, arc, n, min_distance, max_distance, rng):
         i, j = (a, b) if rng.uniform() < 0.5 else (b, a)
+        cache = {k: v for k, v in cache.items() if k >= a}  # keep memory bounded
         for k in (i, j):
             if k not in cache:
-                cache = {kk: vv for kk, vv in cache.items() if kk >= a}  # keep memory bounded
                 cache[k] = seq[k]
-        src, tgt = cache[i], cache[j]
         T_gt = np.linalg.inv(seq.world_poses[j]) @ seq.world_poses[i]
         pairs.append(PointCloudPair(
-            source=src.points, target=tgt.points, T_gt=T_gt, name=f"synthetic_s{seed}_{i:05d}_{j:05d}",
+            source=cache[i].points, target=cache[j].points, T_gt=T_gt, name=f"synthetic_s{seed}_{i:05d}_{j:05d}",
             meta={"dataset": "synthetic", "kind": kind, "sensor": model.name, "seed": seed, "frames": (i, j),
-                  "distance": float(dist[b - a])}))
-        nxt = np.flatnonzero(arc >= arc[a] + rng.uniform(5.0, 20.0))
-        if len(nxt) == 0:
-            raise RuntimeError(f"drive too short for {n} pairs (seed {seed})")
-        a = int(nxt[0])
+                  "distance": float(np.linalg.norm(pos[b] - pos[a]))}))
     return pairs
