@@ -87,19 +87,21 @@ def _color(w: float) -> ColorRGBA:
     return ColorRGBA(r=1.0 - w, g=w, b=0.0, a=0.9)
 
 
-def correspondence_markers(step, frame: str, stamp: Time, keyframe_pose: np.ndarray, max_lines: int,
-                           keyframe_max_points: int, rng: np.random.Generator) -> MarkerArray:
+def correspondence_markers(step, frame: str, stamp: Time, scan_pose: np.ndarray | None,
+                           keyframe_pose: np.ndarray | None, max_lines: int, keyframe_max_points: int,
+                           rng: np.random.Generator) -> MarkerArray:
     """Inlier correspondences as lines (keyframe point - scan point, coloured by weight) and the
-    keyframe cloud, both in ``frame`` (odom). A failed scan clears the previous drawing."""
+    keyframe cloud, in ``frame`` (odom) via the scan's and keyframe's sensor poses there. A failed
+    scan clears the previous drawing and draws nothing it does not trust."""
     header = Header(stamp=stamp, frame_id=frame)
     out = MarkerArray(markers=[Marker(header=header, ns="s2h", action=Marker.DELETEALL)])
     r = step.result
-    if not step.success or r is None or step.pose is None:
+    if not step.success or r is None or scan_pose is None or keyframe_pose is None:
         return out
     idx = np.flatnonzero(r.inlier_mask) if len(r.inlier_mask) else np.zeros(0, int)
     if len(idx) > max_lines:
         idx = rng.choice(idx, max_lines, replace=False)
-    scan_pts = geometry.apply_transform(step.pose, r.source_xyz[r.correspondences[idx, 0]].astype(np.float64))
+    scan_pts = geometry.apply_transform(scan_pose, r.source_xyz[r.correspondences[idx, 0]].astype(np.float64))
     kf_pts = geometry.apply_transform(keyframe_pose, r.target_xyz[r.correspondences[idx, 1]].astype(np.float64))
     lines = Marker(header=header, ns="s2h_correspondences", id=0, type=Marker.LINE_LIST, action=Marker.ADD)
     lines.scale.x = 0.03
