@@ -106,12 +106,9 @@ class SyntheticSequence:
         s_ego = float(self.trajectory.arc_at(t))
         rng = seeded_rng(self.seed, 4, 0)  # shapes are fixed per sequence
         for m in self._movers:
-            if m["lead"]:
-                s = s_ego + m["gap"] + 4.0 * np.sin(m["omega"] * t + m["phase"])
-            else:
-                s = m["s0"] - m["speed"] * t
-            ground, yaw = self.trajectory.ground_pose(np.array([s]), lateral=m["lateral"])
-            yaw = yaw + (0.0 if m["lead"] else np.pi)
+            s = s_ego + m.gap + m.sway * np.sin(m.omega * t + m.phase) if m.lead else m.s0 - m.speed * t
+            ground, yaw = self.trajectory.ground_pose(np.array([s]), lateral=m.lateral)
+            yaw = yaw + (0.0 if m.lead else np.pi)
             if self.world.kind == "outdoor":
                 add_cars(mb, ground[:, :2], yaw, ground[:, 2], rng)
             else:
@@ -176,23 +173,35 @@ def write_kitti_layout(out_dir: str | Path, scans, poses_velo: np.ndarray, stamp
     (out / "calib.txt").write_text(calib)
 
 
-def _movers(world: SyntheticWorld, seed: int, n: int) -> list[dict]:
-    """Parameters of n moving objects: every third leads in the ego lane, the others come towards it."""
+@dataclass
+class _Mover:
+    """A moving car (outdoor) or person (indoor) that follows the ego route."""
+
+    lead: bool  # ahead in the ego lane at a varying gap; else oncoming in the opposite lane
+    gap: float  # m (lead)
+    sway: float  # m, amplitude of the gap's variation (lead)
+    omega: float  # rad/s
+    phase: float
+    s0: float  # m of route where it is at t = 0 (oncoming)
+    speed: float  # m/s (oncoming)
+    lateral: float  # m to the left of the ego lane
+
+
+def _movers(world: SyntheticWorld, seed: int, n: int) -> list[_Mover]:
+    """n moving objects: every third leads in the ego lane, the others come towards the vehicle."""
     rng = seeded_rng(seed, 5, 0)
+    scale = 1.0 if world.kind == "outdoor" else 0.1  # people indoors: 10x slower and closer
     out = []
-    scale = 1.0 if world.kind == "outdoor" else 0.1
     for k in range(int(n)):
         lead = k % 3 == 0
-        out.append({
-            "lead": lead,
-            "gap": float(rng.uniform(14.0, 30.0) * scale) + (0.0 if world.kind == "outdoor" else 1.0),
-            "omega": float(rng.uniform(0.1, 0.4)), "phase": float(rng.uniform(0, 2 * np.pi)),
-            "s0": float(rng.uniform(20.0, 150.0) * scale * 2),
-            "speed": float(rng.uniform(5.0, 12.0) * scale),
-            "lateral": 0.0 if lead else (2 * world.lane_offset if world.kind == "outdoor" else 0.6),
-        })
-        if world.kind != "outdoor" and lead:
-            out[-1]["lateral"] = -0.6
+        if world.kind == "outdoor":
+            lateral = 0.0 if lead else 2 * world.lane_offset
+        else:
+            lateral = -0.6 if lead else 0.6
+        out.append(_Mover(lead=lead, gap=float(rng.uniform(14.0, 30.0)) * scale + 1.0 - scale,
+                          sway=4.0 * scale, omega=float(rng.uniform(0.1, 0.4)), phase=float(rng.uniform(0, 2 * np.pi)),
+                          s0=float(rng.uniform(40.0, 300.0)) * scale, speed=float(rng.uniform(5.0, 12.0)) * scale,
+                          lateral=lateral))
     return out
 
 
