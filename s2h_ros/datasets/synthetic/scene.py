@@ -314,6 +314,20 @@ def _street_furniture(mb, rng, frame: _EdgeFrame, side: float, ground, road, w: 
         plate = base + np.array([0.0, 0.0, 2.3])
         mb.add_boxes(plate, np.column_stack([np.full(m, 0.7), np.full(m, 0.04), np.full(m, 0.7)]),
                      frame.yaw, 0.9)
+    # Small street clutter on the sidewalk: bins, bollards, boxes, low bushes.
+    k = int(rng.integers(3, 12))
+    uc, vc = rng.uniform(2.0, side - 2.0, k), rng.uniform(0.4, 2.2, k)
+    kind = rng.integers(0, 4, k)
+    for u_, v_, c_ in zip(uc, vc, kind):
+        base = _place(frame, u_, v_, ground, 0.0)[0]
+        if c_ == 0:
+            mb.add_boxes(base + [0, 0, 0.5], [[0.6, 0.6, 1.0]], frame.yaw, rng.uniform(0.1, 0.6))
+        elif c_ == 1:
+            mb.add_cylinders(base[None], 0.1, 0.9, albedo=0.5, sides=8)
+        elif c_ == 2:
+            mb.add_boxes(base + [0, 0, 0.7], [[rng.uniform(0.8, 2.0), 0.5, 1.4]], frame.yaw, rng.uniform(0.2, 0.7))
+        else:
+            mb.add_foliage(base + [0, 0, 0.5], [0.7, 0.7, 0.5], rng, n_leaves=45, leaf_size=0.3, albedo=0.25)
     if rng.uniform() < 0.6:  # a row of street trees along the curb
         ut = np.arange(rng.uniform(3.0, 8.0), side - 3.0, rng.uniform(7.0, 14.0))
         for u_tree in ut:
