@@ -1,0 +1,99 @@
+"""``s2h train data|fcgf|inlier``: make the pair cache, train FCGF, train the inlier/S2H network.
+
+Only ``data`` needs Open3D (it ray-casts synthetic scans); ``fcgf`` and ``inlier`` read the cache
+alone, so they run on a GPU machine with just torch, numpy, scipy and tqdm. Launch with
+``torchrun --nproc_per_node N -m s2h_ros.cli train ...`` for DDP.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _loop_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", type=Path, required=True, help="pair cache directory (with train/ and val/)")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint to write (and resume from)")
+    p.add_argument("--steps", type=int, default=1000, help="optimiser steps (each: one pair per process)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (under torchrun: cuda = this rank's GPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation and sampling")
+    p.add_argument("--resume", action="store_true", help="continue from --out when it holds a training state")
+    p.add_argument("--max-minutes", type=float, default=0.0, help="stop cleanly (checkpoint written) after this")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="write the checkpoint every N steps")
+    p.add_argument("--val-every", type=int, default=500, help="validate every N steps (0: only at the end)")
+    p.add_argument("--val-pairs", type=int, default=20, help="validation pairs used (from DIR/val)")
+    p.add_argument("--train-pairs", type=int, default=0, help="use only the first N training pairs (0: all)")
+    p.add_argument("--log-every", type=int, default=25, help="print one progress line every N steps")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
+    p.add_argument("--no-augment", action="store_true", help="train on the cached pairs as they are")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+
+    d = sub.add_parser("data", help="generate synthetic training pairs into a cache directory")
+    d.add_argument("--out", type=Path, required=True, help="cache directory (pairs go to OUT/SPLIT)")
+    d.add_argument("--pairs", type=int, required=True, help="number of pairs")
+    d.add_argument("--seed", type=int, required=True, help="first world seed (training 1000+, validation 2000+)")
+    d.add_argument("--split", default="", help="train or val (default: val for seeds >= 2000, else train)")
+    d.add_argument("--per-world", type=int, default=5, help="pairs per synthetic world (one drive each)")
+    d.add_argument("--sensor", default="hdl64", help="lidar preset (hdl64, vlp32, vlp16, os128, ...)")
+    d.add_argument("--voxel", type=float, default=0.3, help="voxel size of the stored clouds (m)")
+    d.add_argument("--min-distance", type=float, default=10.0, help="min sensor distance of a pair (m)")
+    d.add_argument("--max-distance", type=float, default=20.0, help="max sensor distance of a pair (m)")
+
+    f = sub.add_parser("fcgf", help="train FCGF with the hardest-contrastive loss")
+    _loop_options(f)
+    f.add_argument("--preset", default="compact", help="FCGF preset (compact, kitti)")
+    f.add_argument("--voxel", type=float, default=0.0, help="voxel (m); 0: the cache's voxel")
+    f.add_argument("--init", type=Path, help="start from these FCGF weights")
+    f.add_argument("--num-pos", type=int, default=1024, help="positive pairs sampled per step")
+    f.add_argument("--num-hn", type=int, default=256, help="hardest-negative candidates per side")
+    f.add_argument("--pos-margin", type=float, default=0.1, help="positive margin (FCGF: 0.1)")
+    f.add_argument("--neg-margin", type=float, default=1.4, help="negative margin (FCGF: 1.4)")
+
+    i = sub.add_parser("inlier", help="train DGR's inlier network (BCE) or the S2H path (L1+L2+L3, L3)")
+    _loop_options(i)
+    i.add_argument("--fcgf", type=Path, required=True, help="trained FCGF checkpoint (frozen unless --loss s2h)")
+    i.add_argument("--loss", choices=("bce", "s2h", "l3"), default="l3",
+                   help="bce: DGR labels; l3: SHM_DGR motion loss; s2h: L1+L2+L3, FCGF fine-tuned too")
+    i.add_argument("--preset", default="compact", help="inlier network preset (compact, dgr)")
+    i.add_argument("--matcher", choices=("s2h", "nn"), default="s2h", help="correspondences fed to the network")
+    i.add_argument("--max-points", type=int, default=8000, help="voxels kept per cloud per step")
+    i.add_argument("--inlier-distance", type=float, default=0.6, help="label/recall inlier distance (m)")
+    i.add_argument("--fcgf-lr", type=float, default=1e-4, help="FCGF learning rate with --loss s2h")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.what == "data":
+        return _run_data(args)
+    if args.what == "fcgf":
+        from s2h_ros.training.fcgf_trainer import train_fcgf
+
+        train_fcgf(args)
+        return 0
+    from s2h_ros.training.inlier_trainer import train_inlier
+
+    train_inlier(args)
+    return 0
+
+
+def _run_data(args: argparse.Namespace) -> int:
+    import time
+
+    from tqdm import tqdm
+
+    from s2h_ros.training.data import synthetic_training_pairs, write_pairs
+
+    split = args.split or ("val" if args.seed >= 2000 else "train")
+    pairs = synthetic_training_pairs(args.pairs, args.seed, args.per_world, args.sensor,
+                                     args.min_distance, args.max_distance)
+    meta = {"seed": args.seed, "per_world": args.per_world, "sensor": args.sensor,
+            "min_distance": args.min_distance, "max_distance": args.max_distance,
+            "source": "s2h_ros synthetic lidar world (procedural, generated here)"}
+    t0 = time.perf_counter()
+    out = write_pairs(args.out / split, tqdm(pairs, total=args.pairs, desc=f"pairs -> {split}", mininterval=5),
+                      args.voxel, meta)
+    size = sum(p.stat().st_size for p in out.glob("*.npz"))
+    print(f"wrote {args.pairs} pairs to {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.0f} s")
+    return 0

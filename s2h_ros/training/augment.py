@@ -1,0 +1,56 @@
+"""Training augmentation of a pair: random yaw and small tilt per side, noise, subsampling, range crop.
+
+Every change keeps ``T_gt`` exact: rotating the source by ``R_s`` and the target by ``R_t`` turns
+``x_t = T x_s`` into ``R_t x_t = (R_t T R_s^T)(R_s x_s)``. Lidar scans are gravity-aligned, so
+rotations are mostly about z (any yaw) with a few degrees of tilt, as in FCGF/DGR's KITTI setup.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from s2h_ros.training.data import CachedPair
+
+
+@dataclass
+class AugmentConfig:
+    """Ranges of the random changes (defaults suit 0.3 m voxels of outdoor lidar)."""
+
+    max_yaw_deg: float = 180.0  # rotation about z, uniform in [-max, max]
+    max_tilt_deg: float = 3.0  # roll and pitch, uniform in [-max, max]
+    noise_sigma: float = 0.01  # metres, Gaussian jitter per point
+    keep_min: float = 0.7  # each side keeps a random fraction in [keep_min, 1] of its points
+    crop_min_range: float = 40.0  # each side drops points beyond a random range in [this, crop_max_range]
+    crop_max_range: float = 120.0
+
+
+def random_gravity_rotation(rng: np.random.Generator, max_yaw_deg: float, max_tilt_deg: float) -> np.ndarray:
+    """``(3, 3)`` float64: yaw in [-max_yaw, max_yaw] after roll/pitch in [-max_tilt, max_tilt] (degrees)."""
+    yaw = rng.uniform(-max_yaw_deg, max_yaw_deg)
+    roll, pitch = rng.uniform(-max_tilt_deg, max_tilt_deg, size=2)
+    return Rotation.from_euler("zyx", [yaw, pitch, roll], degrees=True).as_matrix()
+
+
+def _thin(xyz: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig) -> np.ndarray:
+    """Random subset and range crop, never below 3 points."""
+    keep = rng.uniform(size=len(xyz)) < rng.uniform(cfg.keep_min, 1.0)
+    keep &= np.linalg.norm(xyz[:, :2], axis=1) < rng.uniform(cfg.crop_min_range, cfg.crop_max_range)
+    return xyz[keep] if keep.sum() >= 3 else xyz
+
+
+def augment_pair(pair: CachedPair, rng: np.random.Generator, cfg: AugmentConfig | None = None) -> CachedPair:
+    """A randomly rotated, noised, thinned copy of ``pair`` with its exact ground truth."""
+    cfg = cfg or AugmentConfig()
+    R_s = random_gravity_rotation(rng, cfg.max_yaw_deg, cfg.max_tilt_deg)
+    R_t = random_gravity_rotation(rng, cfg.max_yaw_deg, cfg.max_tilt_deg)
+    sides = []
+    for xyz, R in ((pair.source, R_s), (pair.target, R_t)):
+        xyz = _thin(xyz, rng, cfg)  # crop in the sensor frame, before rotating
+        xyz = xyz @ R.T.astype(np.float32) + rng.normal(0.0, cfg.noise_sigma, xyz.shape).astype(np.float32)
+        sides.append(xyz.astype(np.float32))
+    A_s, A_t = np.eye(4), np.eye(4)
+    A_s[:3, :3], A_t[:3, :3] = R_s, R_t
+    T = A_t @ pair.T_gt @ np.linalg.inv(A_s)
+    return CachedPair(sides[0], sides[1], T, pair.name)
