@@ -87,7 +87,7 @@ def test_ground_truth_registers_two_noisy_scans_to_noise_level():
         return np.median(tree.query(p, workers=1)[0])
 
     exact = median_nn(T)
-    assert exact < 0.06  # range noise 2 cm + sampling spacing
+    assert exact < 0.1  # range noise 2 cm + the beams' sampling spacing (foliage is sparser)
     assert median_nn(_perturbed(T)) > 2 * exact
 
 
@@ -186,8 +186,10 @@ def test_motion_distortion_follows_the_per_firing_poses():
     T = seq.trajectory.poses(scan.stamp + seq.sensor.column_times())[col]
     world = np.einsum("nij,nj->ni", T[:, :3, :3], scan.points.astype(np.float64)) + T[:, :3, 3]
     assert np.percentile(_surface_distance(seq.world, world), 99) < 5e-3
-    # Reading the scan through its single pose instead shows the skew (up to ~0.7 m at 15 m/s).
-    assert np.percentile(_surface_distance(seq.world, _to_world(seq, scan)), 90) > 0.05
+    # Reading the scan through its single pose instead shows the skew: up to speed x 50 ms at the back.
+    speed = np.linalg.norm(seq.poses[5][:3, 3] - seq.poses[4][:3, 3]) * seq.sensor.rate_hz
+    assert speed > 3.0
+    assert np.percentile(_surface_distance(seq.world, _to_world(seq, scan)), 99) > 0.02 * speed
 
 
 def test_moving_objects_are_off_the_static_scene_only_when_asked():
