@@ -82,13 +82,14 @@ def test_ground_truth_registers_two_noisy_scans_to_noise_level():
     near = np.linalg.norm(src.points, axis=1) < 15.0
     tree = cKDTree(tgt.points)
 
-    def median_nn(T_):
-        p = src.points[near] @ T_[:3, :3].T + T_[:3, 3]
-        return np.median(tree.query(p, workers=1)[0])
+    def nn(T_):
+        return tree.query(src.points[near] @ T_[:3, :3].T + T_[:3, 3], workers=1)[0]
 
-    exact = median_nn(T)
-    assert exact < 0.1  # range noise 2 cm + the beams' sampling spacing (foliage is sparser)
-    assert median_nn(_perturbed(T)) > 2 * exact
+    exact, wrong = nn(T), nn(_perturbed(T))
+    # The closest quarter sits at the range-noise level (2 cm per scan); sampling spacing and
+    # sparse foliage set the rest. A 1 deg / 0.3 m error moves most points off.
+    assert np.percentile(exact, 25) < 0.05
+    assert np.mean(exact < 0.05) > 4 * np.mean(wrong < 0.05)
 
 
 def test_kitti_layout_is_read_back_equal_by_the_kitti_reader(tmp_path):
