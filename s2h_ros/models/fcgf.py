@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from s2h_ros.models.resunet import ResUNet, ResUNetConfig
-from s2h_ros.sparse import SparseTensor
+from s2h_ros.sparse import SparseTensor, sparse_quantize
 from s2h_ros.sparse.quantize import as_points
 
 PRESETS: dict[str, ResUNetConfig] = {
@@ -51,10 +51,6 @@ def extract_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: floa
         device = next(model.parameters()).device
     model = model.to(device).eval()
     pts = as_points(xyz, 3, "xyz").to(device=device, dtype=torch.float32)
-    x = SparseTensor.from_points(pts, voxel)
-    # from_points sorts rows by voxel; recover each voxel's first point in that order
-    from s2h_ros.sparse import sparse_quantize
-
-    _, first, _ = sparse_quantize(pts, voxel)
-    feats = model(x).feats
-    return pts[first], feats
+    coords, first, _ = sparse_quantize(pts, voxel)  # sorted rows, as SparseTensor.from_points has them
+    x = SparseTensor(torch.ones(len(coords), 1, device=device), torch.cat([coords.new_zeros(len(coords), 1), coords], 1))
+    return pts[first], model(x).feats

@@ -113,9 +113,15 @@ def build_kernel_map(
     out_keys = coordinate_keys(out_coords, lo, extent)
     shift_keys = coordinate_keys(shift + lo, lo, extent)  # key(x + s) = key(x) + key_of(s)
     n_in = in_keys.numel()
+    n_offsets = shift_keys.numel()
     same = in_coords is out_coords
     zero = [k for k, row in enumerate(offsets.tolist()) if not any(row)]
     identity = zero[0] if same and zero else None
+    # On one coordinate set, offset K-1-k is -offset k (the kernel is point-symmetric), so its
+    # pairs are those of k read backwards: only the first half of the offsets is looked up.
+    mirror = same and identity == n_offsets // 2 and bool((offsets + offsets.flip(0) == 0).all())
+    if mirror:
+        shift_keys = shift_keys[: n_offsets // 2]
 
     ids: list[int] = []
     ins: list[torch.Tensor] = []
@@ -136,6 +142,9 @@ def build_kernel_map(
             ids.append(start + k)
             ins.append(i_k)
             outs.append(o_k)
+    if mirror:
+        ids += [n_offsets - 1 - k for k in ids]
+        ins, outs = ins + outs, outs + ins
     return KernelMap(ids, ins, outs, n_in, out_coords.shape[0], identity)
 
 

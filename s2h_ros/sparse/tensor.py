@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from s2h_ros.sparse.kernel_map import CoordinateManager, unique_rows
+from s2h_ros.sparse.kernel_map import CoordinateManager
 from s2h_ros.sparse.quantize import as_points, sparse_quantize
 
 
@@ -84,15 +84,8 @@ class SparseTensor:
                 values.append(f[first])
         if len({r.shape[1] for r in rows}) != 1:
             raise ValueError("all clouds of a batch must have the same dimension")
-        coords = torch.cat(rows)
-        order = _lexsort(coords)
-        return cls(torch.cat(values)[order], coords[order])
-
-
-def _lexsort(coords: torch.Tensor) -> torch.Tensor:
-    """Permutation sorting (N, K) integer rows lexicographically (same order as torch.unique(dim=0))."""
-    _, inverse = unique_rows(coords)
-    return torch.argsort(inverse, stable=True)
+        # sparse_quantize returns sorted rows and batches come in order: rows are sorted already
+        return cls(torch.cat(values), torch.cat(rows))
 
 
 def cat(*tensors: SparseTensor) -> SparseTensor:
