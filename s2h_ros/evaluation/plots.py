@@ -25,14 +25,20 @@ def error_cdfs(records: list[dict], path: Path, re_thresh: float | None = None,
     axes = fig.subplots(1, 2)
     for ax, key, label, thresh in ((axes[0], "re_deg", "rotation error (deg)", re_thresh),
                                    (axes[1], "te_m", "translation error (m)", te_thresh)):
-        for name in methods:
-            err = np.sort([r[key] for r in records if r["method"] == name])
+        errors = {name: np.sort([r[key] for r in records if r["method"] == name]) for name in methods}
+        finite = np.concatenate([e[np.isfinite(e)] for e in errors.values()] + [[thresh or 0.0]])
+        right = max(float(finite.max()) * 1.1, 1e-3)
+        for name, err in errors.items():
             frac = np.arange(1, len(err) + 1) / len(err)
-            finite = np.isfinite(err)
-            ax.step(err[finite], frac[finite], where="post", label=name)
+            keep = np.isfinite(err)
+            # start at (0, 0) and run flat to the right edge, so one pair still draws a step
+            x = np.concatenate([[0.0], err[keep], [right]])
+            y = np.concatenate([[0.0], frac[keep], [frac[keep][-1] if keep.any() else 0.0]])
+            ax.step(x, y, where="post", label=name)
         if thresh is not None:
             ax.axvline(thresh, color="grey", linestyle="--", linewidth=1)
         ax.set_xscale("symlog", linthresh=0.1 if key == "re_deg" else 0.01)
+        ax.set_xlim(0.0, right)
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of pairs")
         ax.set_ylim(0, 1.02)
