@@ -51,32 +51,27 @@ def from_points(xyz: np.ndarray | torch.Tensor, voxel: float, device: torch.devi
     return ME.SparseTensor(feats, coordinates=coords, device=str(coords.device))
 
 
-def _twin(layer, make):
+def _run_twin(layer, x, kind: str):
+    """Run ``layer`` through the MinkowskiEngine module ``kind`` sharing its parameters."""
     twin = _MODULES.get(layer)
     if twin is None:
-        twin = make()
+        ME = import_minkowski()
+        twin = getattr(ME, kind)(layer.in_channels, layer.out_channels, kernel_size=layer.kernel_size,
+                                 stride=layer.stride, bias=layer.bias is not None, dimension=layer.dim)
         twin.kernel = layer.kernel
         twin.bias = layer.bias
         _MODULES[layer] = twin
-    return twin
+    return twin(x)
 
 
 def conv(layer, x):
     """Run ``layers.Conv`` on a MinkowskiEngine tensor."""
-    ME = import_minkowski()
-    twin = _twin(layer, lambda: ME.MinkowskiConvolution(
-        layer.in_channels, layer.out_channels, kernel_size=layer.kernel_size, stride=layer.stride,
-        bias=layer.bias is not None, dimension=layer.dim))
-    return twin(x)
+    return _run_twin(layer, x, "MinkowskiConvolution")
 
 
 def conv_transpose(layer, x):
     """Run ``layers.ConvTranspose`` on a MinkowskiEngine tensor (output on the existing finer map)."""
-    ME = import_minkowski()
-    twin = _twin(layer, lambda: ME.MinkowskiConvolutionTranspose(
-        layer.in_channels, layer.out_channels, kernel_size=layer.kernel_size, stride=layer.stride,
-        bias=layer.bias is not None, dimension=layer.dim))
-    return twin(x)
+    return _run_twin(layer, x, "MinkowskiConvolutionTranspose")
 
 
 def apply_features(x, fn):
