@@ -116,20 +116,28 @@ class FpfhRansac(_FpfhGlobal):
 
 
 class FpfhFgr(_FpfhGlobal):
-    """Open3D FPFH + Fast Global Registration (Zhou et al. 2016)."""
+    """Open3D FPFH + Fast Global Registration (Zhou et al. 2016).
+
+    ``distance`` is FGR's ``maximum_correspondence_distance``; with Open3D's default
+    ``use_absolute_scale=False`` FGR measures it after normalising the clouds by their extent.
+    Absolute-scale 0.5 / 1.5 / 3 x voxel did no better on the real KITTI loop pair and on
+    synthetic KITTI-like pairs, so the default is kept.
+    """
 
     name = "fpfh_fgr"
 
     def __init__(self, scale: str = "outdoor", voxel: float | None = None,
-                 distance_factor: float = 1.5, **kw: Any):
+                 distance_factor: float = 1.5, absolute_scale: bool = False, **kw: Any):
         super().__init__(scale, voxel, **kw)
         self.distance = distance_factor * self.settings.voxel
+        self.absolute_scale = absolute_scale
 
     def _solve(self, src, tgt, src_f, tgt_f):
         reg = _o3d().pipelines.registration
         return reg.registration_fgr_based_on_feature_matching(
             src, tgt, src_f, tgt_f,
-            reg.FastGlobalRegistrationOption(maximum_correspondence_distance=self.distance))
+            reg.FastGlobalRegistrationOption(maximum_correspondence_distance=self.distance,
+                                             use_absolute_scale=self.absolute_scale))
 
 
 class PointToPlaneIcp:
