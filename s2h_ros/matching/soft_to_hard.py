@@ -95,14 +95,16 @@ def s2h_match(
     k: int = 16,
     iters: int = 5,
     temperature: float = 0.1,
-    slack_score: float = 0.0,
+    slack_score: float = -5.0,
     outlier_profit: str | float = DEFAULT_OUTLIER_PROFIT,
     scale: float | None = None,
 ) -> MatchResult:
     """S2H on features ``(Nx, C)``, ``(Ny, C)``: k-NN support both ways, sparse S-step, exact sparse H-step.
 
     Scores are ``-||f_x - f_y||^2 / temperature``; ``slack_score`` is the score of "no partner"
-    (a pair with squared feature distance above ``-slack_score * temperature`` loses to the slack).
+    (a pair with squared feature distance above ``-slack_score * temperature`` loses to the slack;
+    the defaults put that at 0.5, i.e. feature distance 0.7 for unit-norm features such as FCGF).
+    Every tensor in the result lives on the features' device; the H-step itself runs on the CPU.
     """
     n_x, n_y = feat_x.shape[0], feat_y.shape[0]
     rows, cols = candidate_support(feat_x, feat_y, k)
