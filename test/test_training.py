@@ -1,0 +1,246 @@
+"""Training: pair cache, augmentation, FCGF and inlier/S2H losses, resume, time budget, DDP."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from s2h_ros.cli import main as cli_main
+from s2h_ros.datasets.types import PointCloudPair
+from s2h_ros.matching import inlier_count_loss, matching_loss
+from s2h_ros.models import build_fcgf, load_dgr, load_fcgf, read_checkpoint
+from s2h_ros.models.inlier import InlierNetwork
+from s2h_ros.training.augment import AugmentConfig, augment_pair
+from s2h_ros.training.data import (
+    CacheError, CachedPair, PairCache, synthetic_training_pairs, voxelize_pair, write_pairs,
+)
+from s2h_ros.training.fcgf_trainer import FCGFTask, positive_pairs
+from s2h_ros.training.inlier_trainer import InlierTask, sparse_s2h_losses
+from s2h_ros.training.loop import sample_index
+
+ROOT = Path(__file__).resolve().parents[1]
+VOXEL = 0.3
+
+
+@pytest.fixture(scope="module")
+def raw_pairs() -> list[PointCloudPair]:
+    """Two 16-beam synthetic pairs 3-6 m apart (training seed 1000), cropped to 12 m: ~1.5k voxels a side."""
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+
+    crop = lambda x: x[np.linalg.norm(x[:, :2], axis=1) < 12.0]  # noqa: E731
+    return [PointCloudPair(crop(p.source), crop(p.target), p.T_gt, p.name, p.meta)
+            for p in synthetic_pairs(2, 1000, min_distance=3.0, max_distance=6.0, sensor="vlp16")]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(raw_pairs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pair_cache")
+    write_pairs(out / "train", raw_pairs, VOXEL, {"seed": 1000})
+    write_pairs(out / "val", raw_pairs[:1], VOXEL)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(cache_dir) -> CachedPair:
+    return PairCache(cache_dir / "train")[0]
+
+
+def _overlap_ratio(p: CachedPair) -> float:
+    return len(positive_pairs(p.source, p.target, p.T_gt, 1.5 * VOXEL)) / len(p.source)
+
+
+# ------------------------------------------------------------------------------ cache
+
+
+def test_cache_stores_voxelised_points_within_half_a_step_and_exact_ground_truth(raw_pairs, cache_dir):
+    cache = PairCache(cache_dir / "train")
+    src, tgt = voxelize_pair(raw_pairs[0], VOXEL)
+    scale = VOXEL / 16
+    assert len(cache) == 2 and cache.voxel == VOXEL
+    assert cache[0].source.shape == src.shape and cache[0].target.shape == tgt.shape
+    assert np.abs(cache[0].source - src).max() <= scale / 2 + 1e-6
+    np.testing.assert_array_equal(cache[0].T_gt, raw_pairs[0].T_gt)
+    # the stored clouds still overlap under T_gt (the ground truth survives quantisation)
+    assert _overlap_ratio(cache[0]) > 0.3
+
+
+def test_cache_reports_missing_and_corrupt_files(cache_dir, tmp_path):
+    with pytest.raises(CacheError, match="missing index.json"):
+        PairCache(tmp_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "index.json").write_text((cache_dir / "train" / "index.json").read_text())
+    (broken / "pair_00000.npz").write_bytes(b"not a zip file")
+    with pytest.raises(CacheError, match="cannot read cached pair"):
+        PairCache(broken)
+
+
+def test_training_pairs_refuse_held_out_evaluation_seeds():
+    with pytest.raises(ValueError, match="held-out"):
+        next(synthetic_training_pairs(5, 998, per_world=1))
+
+
+# ------------------------------------------------------------------------------ augmentation
+
+
+def test_augmentation_keeps_the_ground_truth_exact(rng):
+    src = rng.uniform(-20, 20, size=(500, 3)).astype(np.float32)
+    T = np.eye(4)
+    T[:3, :3] = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    T[:3, 3] = [3.0, -1.0, 0.5]
+    tgt = (src @ T[:3, :3].T + T[:3, 3]).astype(np.float32)
+    cfg = AugmentConfig(noise_sigma=0.0, keep_min=1.0, crop_min_range=1e3, crop_max_range=1e3 + 1)
+    out = augment_pair(CachedPair(src, tgt, T, "square"), rng, cfg)
+    assert not np.allclose(out.source, src, atol=1.0)  # it did rotate
+    moved = out.source @ out.T_gt[:3, :3].T + out.T_gt[:3, 3]
+    np.testing.assert_allclose(moved, out.target, atol=1e-3)
+
+
+def test_sampler_shards_every_epoch_across_ranks_without_overlap():
+    n, world = 7, 2
+    for epoch in range(2):
+        per_rank = 4  # ceil(7 / 2)
+        seen = [sample_index(epoch * per_rank + s, n, 3, r, world) for r in range(world) for s in range(per_rank)]
+        assert set(seen) == set(range(n))  # all pairs, one padded repeat
+    assert [sample_index(s, n, 3) for s in range(7)] != [sample_index(s, n, 4) for s in range(7)]
+
+
+# ------------------------------------------------------------------------------ losses
+
+
+def _fit(task, pair, steps: int, lr: float) -> tuple[float, float]:
+    """Loss of a fixed sample before and after ``steps`` Adam steps on ``pair``."""
+    opt = torch.optim.Adam(task.param_groups(lr))
+    probe = lambda: float(task.loss(pair, np.random.default_rng(99))[0].detach())  # noqa: E731
+    before = probe()
+    for s in range(steps):
+        loss, _ = task.loss(pair, np.random.default_rng(s))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return before, probe()
+
+
+def test_fcgf_hardest_contrastive_training_lowers_the_loss(pair):
+    torch.manual_seed(0)
+    task = FCGFTask(build_fcgf("compact"), VOXEL, torch.device("cpu"), augment=None)
+    before, after = _fit(task, pair, 8, 3e-3)
+    assert after < 0.85 * before
+
+
+def test_inlier_network_bce_training_lowers_the_loss(pair):
+    torch.manual_seed(0)
+    task = InlierTask(build_fcgf("compact").eval(), InlierNetwork("compact"), VOXEL, torch.device("cpu"),
+                      loss="bce", matcher="nn", augment=None)
+    before, after = _fit(task, pair, 6, 1e-2)
+    assert after < before
+
+
+@pytest.mark.parametrize("kind", ["l3", "s2h"])
+def test_s2h_losses_reach_the_networks_they_train(pair, kind):
+    torch.manual_seed(0)
+    fcgf = build_fcgf("compact")
+    task = InlierTask(fcgf, InlierNetwork("compact"), VOXEL, torch.device("cpu"), loss=kind, augment=None)
+    loss, logs = task.loss(pair, np.random.default_rng(0))
+    loss.backward()
+    assert torch.isfinite(loss) and logs["matches"] > 3
+    inlier_grad = sum(float(p.grad.abs().sum()) for p in task.nets["inlier"].parameters() if p.grad is not None)
+    assert inlier_grad > 0
+    fcgf_grads = [p.grad for p in fcgf.parameters()]
+    if kind == "l3":  # SHM_DGR: FCGF frozen
+        assert all(g is None for g in fcgf_grads)
+    else:  # complete loss: the descriptors learn through the S-step too
+        assert sum(float(g.abs().sum()) for g in fcgf_grads if g is not None) > 0
+        assert -1.0 <= logs["l1"] <= 0.0 and logs["l2"] < 0.0
+
+
+def test_sparse_s2h_losses_equal_the_dense_paper_losses(rng):
+    n_x, n_y = 6, 5
+    P = torch.tensor(rng.uniform(0, 0.3, size=(n_x, n_y)), requires_grad=True)
+    M = torch.zeros(n_x, n_y)
+    M[[0, 2, 3], [1, 0, 4]] = 1.0
+    G = torch.zeros(n_x, n_y)
+    G[[0, 1, 3], [1, 2, 3]] = 1.0
+    rows, cols = torch.meshgrid(torch.arange(n_x), torch.arange(n_y), indexing="ij")
+    l1, l2 = sparse_s2h_losses(P.reshape(-1), M.reshape(-1) > 0, G.reshape(-1) > 0, int(G.sum()), n_x, n_y)
+    M_st = M + P - P.detach()
+    assert torch.isclose(l1, matching_loss(M_st, G)) and torch.isclose(l2, inlier_count_loss(M_st))
+    g_sparse = torch.autograd.grad(l1 + l2, P)[0]
+    g_dense = torch.autograd.grad(matching_loss(M_st, G) + inlier_count_loss(M_st), P)[0]
+    torch.testing.assert_close(g_sparse, g_dense)
+
+
+# ------------------------------------------------------------------------------ loop via the CLI
+
+
+def _train_fcgf(cache_dir, out, *extra) -> int:
+    return cli_main(["train", "fcgf", "--data", str(cache_dir), "--out", str(out), "--threads", "1",
+                     "--log-every", "1", "--val-every", "0", "--num-pos", "256", "--num-hn", "64", *extra])
+
+
+def test_resumed_training_reaches_the_same_weights_as_an_uninterrupted_run(cache_dir, tmp_path):
+    straight, split = tmp_path / "straight.pt", tmp_path / "split.pt"
+    assert _train_fcgf(cache_dir, straight, "--steps", "3") == 0
+    assert _train_fcgf(cache_dir, split, "--steps", "2") == 0
+    assert _train_fcgf(cache_dir, split, "--steps", "3", "--resume") == 0
+    a, b = read_checkpoint(straight), read_checkpoint(split)
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 3
+    for key, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][key], value, msg=key)
+    val = [h for h in b["train_state"]["history"] if "recall" in h]
+    assert val and 0.0 <= val[-1]["recall"] <= 1.0 and val[-1]["inlier_ratio"] >= 0.0
+
+
+def test_time_budget_stops_early_with_a_loadable_checkpoint(cache_dir, tmp_path):
+    out = tmp_path / "budget.pt"
+    assert _train_fcgf(cache_dir, out, "--steps", "1000", "--max-minutes", "0.001") == 0
+    data = read_checkpoint(out)
+    assert 1 <= data["train_state"]["step"] < 1000
+    load_fcgf(out)
+
+
+def test_inlier_checkpoint_has_the_dgr_layout(cache_dir, tmp_path):
+    fcgf = tmp_path / "fcgf.pt"
+    assert _train_fcgf(cache_dir, fcgf, "--steps", "1") == 0
+    out = tmp_path / "inlier.pt"
+    assert cli_main(["train", "inlier", "--data", str(cache_dir), "--fcgf", str(fcgf), "--out", str(out),
+                     "--loss", "bce", "--matcher", "nn", "--steps", "1", "--threads", "1", "--val-every", "0"]) == 0
+    net, inlier = load_dgr(out)
+    assert net.config.channels == build_fcgf("compact").config.channels
+    assert inlier.config.dim == 6
+    assert "recall" in read_checkpoint(out)["train_state"]["history"][-1]
+
+
+def test_ddp_with_two_gloo_processes_writes_a_rank0_checkpoint(cache_dir, tmp_path):
+    out = tmp_path / "ddp.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29581",
+           "-m", "s2h_ros.cli", "train", "fcgf", "--data", str(cache_dir), "--out", str(out), "--steps", "2",
+           "--threads", "1", "--val-every", "0", "--val-pairs", "1", "--num-pos", "128", "--num-hn", "32"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 process(es)" in proc.stdout + proc.stderr
+    data = read_checkpoint(out)
+    assert data["train_state"]["world_size"] == 2 and data["train_state"]["step"] == 2
+    load_fcgf(out)
+
+
+def test_trainers_import_without_open3d_or_ros():
+    code = ("import sys, s2h_ros.cli, s2h_ros.commands.train, s2h_ros.training.fcgf_trainer, "
+            "s2h_ros.training.inlier_trainer; "
+            "print(','.join(m for m in ('open3d', 'rclpy', 'rosbags') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
+
+
+def test_cache_index_records_every_pair(cache_dir):
+    index = json.loads((cache_dir / "train" / "index.json").read_text())
+    assert [p["file"] for p in index["pairs"]] == ["pair_00000.npz", "pair_00001.npz"]
+    assert index["meta"]["seed"] == 1000
