@@ -2,6 +2,7 @@
 determinism; kernel maps skip empty offsets."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -129,6 +130,20 @@ def test_six_dimensional_map_lists_only_occupied_offsets():
     kmap = build_kernel_map(coords, coords, kernel_offsets(3, 6), 1)
     assert sorted(kmap.kernel_ids) == [0, 728] and kmap.identity == 364  # centre offset: a plain matmul
     assert len(kmap) == 50 + 2 * 49
+
+
+def test_dense_table_and_binary_search_lookups_give_the_same_map(rng, monkeypatch):
+    from s2h_ros.sparse import kernel_map
+
+    coords = torch.from_numpy(np.c_[np.zeros(400, int), rng.integers(0, 20, (400, 3))]).unique(dim=0)
+    offsets = kernel_offsets(3, 3)
+    table = build_kernel_map(coords, coords, offsets, 1)
+    monkeypatch.setattr(kernel_map, "_TABLE_LIMIT", 0)
+    searched = build_kernel_map(coords, coords, offsets, 1)
+    assert table.kernel_ids == searched.kernel_ids and table.identity == searched.identity == 13
+    for a, b in zip(table.in_idx + table.out_idx, searched.in_idx + searched.out_idx):
+        assert torch.equal(a, b)
+    assert len(table) > len(coords)
 
 
 def test_batches_never_mix():

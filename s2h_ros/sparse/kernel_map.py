@@ -1,11 +1,12 @@
 """Kernel maps of sparse convolution: which input voxel feeds which output voxel through which
-kernel offset, built by integer-coordinate hashing and a sorted-key lookup.
+kernel offset, built by integer-coordinate hashing and a key lookup.
 
 Written here rather than taken from a library: the maintained GPU libraries (MinkowskiEngine,
 spconv, TorchSparse) either do not build on current CUDA/Python or give wrong results on CPU
-(see ../shared/notes/sparse-conv-and-libraries.md); ``torch.searchsorted`` over int64 keys runs
-on any device. Coordinates are (N, 1 + D) int64 rows ``[batch, x_1 .. x_D]`` in stride-1 voxel
-units; a tensor at stride s holds multiples of s, as in MinkowskiEngine.
+(see ../shared/notes/sparse-conv-and-libraries.md); int64 keys looked up in a dense table or
+with ``torch.searchsorted`` run on any device. Coordinates are (N, 1 + D) int64 rows
+``[batch, x_1 .. x_D]`` in stride-1 voxel units; a tensor at stride s holds multiples of s, as
+in MinkowskiEngine.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 _KEY_LIMIT = 2**62  # keys stay well inside int64
 _QUERY_BUDGET = 1 << 22  # rows of (offset, voxel) queries handled at once
+_TABLE_LIMIT = 1 << 24  # largest key range looked up through a dense int32 table (64 MB)
 
 
 def kernel_offsets(kernel_size: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -93,13 +95,34 @@ class KernelMap:
         return sum(int(i.numel()) for i in self.in_idx) + (self.n_in if self.identity is not None else 0)
 
 
+class _KeyLookup:
+    """Row index of each key in a set of unique keys, -1 where absent: a direct-address table
+    when the key range is small (3-D scans: a few million cells), else sorted keys + binary search."""
+
+    def __init__(self, keys: torch.Tensor, key_range: int):
+        self.rows = torch.arange(keys.numel(), device=keys.device)
+        if key_range <= _TABLE_LIMIT:
+            self.table = torch.full((key_range,), -1, dtype=torch.int32, device=keys.device)
+            self.table[keys] = self.rows.int()
+        else:
+            self.table = None
+            self.keys, self.order = torch.sort(keys)
+
+    def __call__(self, queries: torch.Tensor) -> torch.Tensor:
+        """Queries must lie in [0, key_range)."""
+        if self.table is not None:
+            return self.table[queries].long()
+        pos = torch.searchsorted(self.keys, queries).clamp_(max=self.keys.numel() - 1)
+        return torch.where(self.keys[pos] == queries, self.order[pos], -1)
+
+
 def build_kernel_map(
     in_coords: torch.Tensor, out_coords: torch.Tensor, offsets: torch.Tensor, step: int
 ) -> KernelMap:
     """Pairs (i, o, k) with in_coords[i] == out_coords[o] + step * offsets[k] (same batch).
 
-    Hashes the input coordinates, sorts the keys once, then looks every (offset, output) query
-    up with ``searchsorted``, a few offsets at a time to bound memory.
+    Hashes the coordinates to int64 keys and looks every (offset, output) query up in the input
+    keys (:class:`_KeyLookup`), a few offsets at a time to bound memory.
     """
     dim = offsets.shape[1]
     if in_coords.shape[1] != dim + 1 or out_coords.shape[1] != dim + 1:
@@ -109,10 +132,10 @@ def build_kernel_map(
     lo = torch.minimum(in_coords.min(0).values, out_coords.min(0).values + shift.min(0).values)
     hi = torch.maximum(in_coords.max(0).values, out_coords.max(0).values + shift.max(0).values)
     lo, extent = _key_frame(lo, hi)
-    in_keys, order = torch.sort(coordinate_keys(in_coords, lo, extent))
+    lookup = _KeyLookup(coordinate_keys(in_coords, lo, extent), int(torch.prod(extent)))
     out_keys = coordinate_keys(out_coords, lo, extent)
     shift_keys = coordinate_keys(shift + lo, lo, extent)  # key(x + s) = key(x) + key_of(s)
-    n_in = in_keys.numel()
+    n_in = in_coords.shape[0]
     n_offsets = shift_keys.numel()
     same = in_coords is out_coords
     zero = [k for k, row in enumerate(offsets.tolist()) if not any(row)]
@@ -129,12 +152,11 @@ def build_kernel_map(
     chunk = max(1, _QUERY_BUDGET // max(1, out_keys.numel()))
     for start in range(0, shift_keys.numel(), chunk):
         q = out_keys[None, :] + shift_keys[start : start + chunk, None]  # (Kc, N_out)
-        pos = torch.searchsorted(in_keys, q).clamp_(max=n_in - 1)
-        hit = in_keys[pos] == q
-        k_local, o = hit.nonzero(as_tuple=True)
+        found = lookup(q)
+        k_local, o = (found >= 0).nonzero(as_tuple=True)
         if o.numel() == 0:
             continue
-        i = order[pos[k_local, o]]
+        i = found[k_local, o]
         ks, counts = torch.unique_consecutive(k_local, return_counts=True)
         for k, i_k, o_k in zip(ks.tolist(), i.split(counts.tolist()), o.split(counts.tolist())):
             if start + k == identity:
