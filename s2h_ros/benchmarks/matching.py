@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dense-max", type=int, default=2048, help="largest N for the dense (2N)^2 H-step")
     parser.add_argument("--dense-sinkhorn-max", type=int, default=4096, help="largest N for the dense S-step")
     parser.add_argument("--repeats", type=int, default=3, help="timings are the median of this many runs")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: 2 threads on a shared 2-core VM stalled the scatter ops)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibrate", action="store_true", help="outlier-profit calibration study instead")
 
