@@ -170,3 +170,18 @@ def test_correspondence_inlier_mask_uses_the_ground_truth_transform(rng):
     tgt = g.apply_transform(T, src)
     mask = g.correspondence_inlier_mask(src, tgt, np.array([0, 1, 2]), np.array([0, 2, 2]), T, 1e-6)
     np.testing.assert_array_equal(mask, [True, False, True])
+
+
+def test_virtual_points_of_any_soft_diagonal_give_the_same_procrustes_rotation(rng, demo_points):
+    """Supplementary Theorem 1 on real points: different D, different virtual points, same R."""
+    from s2h_ros.commands.figure import ambiguity_virtual_points
+
+    X = demo_points - demo_points.mean(0)
+    R = g.random_rotation(rng, 120.0)
+    _, D_star, _ = np.linalg.svd(X.T @ (X @ R.T))
+    ones = torch.ones(len(X), dtype=torch.float64)
+    for D, deformed in [(D_star, False), (np.full(3, D_star[0]), True), (D_star[::-1].copy(), True)]:
+        V = ambiguity_virtual_points(X, R, D)
+        R_est, _ = g.weighted_procrustes(torch.tensor(X), torch.tensor(V), ones)
+        assert g.rotation_error_deg(R_est.numpy(), R) < 1e-4
+        assert (np.abs(V - X @ R.T).max() > 0.1) == deformed
