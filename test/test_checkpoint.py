@@ -17,6 +17,7 @@ from s2h_ros.models import (
     load_dgr,
     load_fcgf,
     load_inlier,
+    load_registration_models,
     load_weights,
     read_checkpoint,
     save_checkpoint,
@@ -102,6 +103,20 @@ def test_official_dgr_file_loads_both_networks(tmp_path, easydict_module):
     assert torch.equal(load_inlier(tmp_path / "dgr.pth").final.bias, inlier.final.bias)
     with pytest.raises(CheckpointError, match="not a DGR checkpoint"):
         load_dgr(save_checkpoint(tmp_path / "plain.pt", fcgf))
+
+
+def test_registration_models_come_from_one_trainer_file(tmp_path):
+    torch.manual_seed(3)
+    fcgf, inlier = _trained_like(build_fcgf("compact")), _trained_like(InlierNetwork("compact"))
+    torch.save({"state_dict": fcgf.state_dict(), "state_dict_inlier": inlier.state_dict(),
+                "fcgf_config": fcgf.config.to_dict(), "inlier_config": inlier.config.to_dict(), "voxel": 0.3},
+               tmp_path / "trained.pt")
+    models = load_registration_models(tmp_path / "trained.pt")
+    assert models.voxel == 0.3 and models.inlier is not None
+    assert torch.equal(models.inlier.final.kernel, inlier.final.kernel)
+    assert torch.equal(models.fcgf.conv1.kernel, fcgf.conv1.kernel)
+    only_fcgf = load_registration_models(save_checkpoint(tmp_path / "fcgf.pt", fcgf))
+    assert only_fcgf.inlier is None and only_fcgf.voxel is None
 
 
 def test_mismatched_weights_name_missing_unexpected_and_misshaped_keys():

@@ -55,7 +55,7 @@ def test_compact_preset_is_small_enough_to_ship():
 def test_features_are_unit_norm_and_aligned_with_voxels(kitti_xyz):
     torch.manual_seed(0)
     model = build_fcgf("compact").eval()
-    xyz, feats = extract_features(model, kitti_xyz, 0.3)
+    xyz, feats = extract_features(model, torch.from_numpy(kitti_xyz), 0.3)
     voxels = np.unique(np.floor(kitti_xyz / 0.3), axis=0)
     assert xyz.shape == (len(voxels), 3) and feats.shape == (len(voxels), 32)
     assert torch.allclose(feats.norm(dim=1), torch.ones(len(feats)), atol=1e-5)
@@ -64,6 +64,9 @@ def test_features_are_unit_norm_and_aligned_with_voxels(kitti_xyz):
     assert torch.equal(torch.floor(xyz / 0.3).long(), x.coords[:, 1:])
     with torch.no_grad():
         assert torch.allclose(model(x).feats, feats)
+    xyz_np, feats_np_input = extract_features(model, kitti_xyz, 0.3)  # numpy in -> numpy points out
+    assert isinstance(xyz_np, np.ndarray) and np.array_equal(xyz_np, xyz.numpy())
+    assert torch.equal(feats_np_input, feats)
 
 
 def test_same_seed_gives_identical_model_and_features(kitti_xyz):

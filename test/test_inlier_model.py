@@ -2,10 +2,11 @@
 translation equivariance on the 6-D grid, thresholded weights, trainability, bad input."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from s2h_ros.models import InlierNetwork
+from s2h_ros.models import InlierNetwork, correspondence_weights
 
 
 @pytest.fixture
@@ -60,6 +61,16 @@ def test_weights_are_sigmoid_zeroed_below_threshold(correspondences):
         w = net.weights(src, tgt, 0.3, threshold=float(p.median()))
     keep = p >= p.median()
     assert torch.equal(w[keep], p[keep]) and (w[~keep] == 0).all() and (~keep).any()
+
+
+def test_correspondence_weights_are_probabilities_per_row(correspondences):
+    torch.manual_seed(2)
+    net = InlierNetwork("compact").eval()
+    src, tgt = correspondences
+    w = correspondence_weights(net, src.numpy(), tgt.numpy(), 0.3, "cpu")
+    assert w.dtype == np.float32 and w.shape == (400,) and ((w > 0) & (w < 1)).all()
+    with torch.no_grad():
+        assert np.allclose(w, torch.sigmoid(net(src, tgt, 0.3)).numpy())
 
 
 def test_inlier_network_trains_on_a_logistic_loss(correspondences):

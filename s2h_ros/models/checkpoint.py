@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import argparse
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from s2h_ros import paths
 from s2h_ros.models.fcgf import build_fcgf
 from s2h_ros.models.inlier import InlierNetwork
 from s2h_ros.models.resunet import ResUNet, ResUNetConfig, config_from_state_dict
 
 FORMAT = "s2h_ros.checkpoint/1"
+DEFAULT_WEIGHTS = "s2h_compact_kitti.pt"  # shipped under s2h_ros/weights/ (written by training)
 
 
 class CheckpointError(ValueError):
@@ -107,29 +110,29 @@ def _state(data: dict, key: str, path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _config(data: dict, state: dict, kind: str, dim: int, normalize: bool) -> ResUNetConfig:
+    """The network shape: our ``model.config`` or a trainer's ``{kind}_config`` when present,
+    else read off the weights."""
     meta = data.get("model")
     if isinstance(meta, dict) and "config" in meta:
         if meta.get("kind") != kind:
             raise CheckpointError(f"checkpoint holds a {meta.get('kind')!r} model, not {kind!r}")
         return ResUNetConfig(**meta["config"])
+    if isinstance(data.get(f"{kind}_config"), dict):
+        return ResUNetConfig(**data[f"{kind}_config"])
     try:
         return config_from_state_dict(state, dim, normalize)
     except (KeyError, ValueError) as err:
         raise CheckpointError(str(err)) from err
 
 
-def load_fcgf(path: str | Path, device: torch.device | str | None = None) -> ResUNet:
-    """FCGF from our checkpoint or an official FCGF/DGR file (``state_dict``), in eval mode."""
-    data = read_checkpoint(path)
+def _fcgf_from(data: dict, path: str | Path, device) -> ResUNet:
     state = _state(data, "state_dict", path)
     model = build_fcgf(_config(data, state, "fcgf", 3, True))
     load_weights(model, state)
     return model.to(device or "cpu").eval()
 
 
-def load_inlier(path: str | Path, device: torch.device | str | None = None) -> InlierNetwork:
-    """The 6-D inlier network from our checkpoint or an official DGR file (``state_dict_inlier``)."""
-    data = read_checkpoint(path)
+def _inlier_from(data: dict, path: str | Path, device) -> InlierNetwork:
     key = "state_dict_inlier" if "state_dict_inlier" in data else "state_dict"
     state = _state(data, key, path)
     model = InlierNetwork(_config(data, state, "inlier", 6, False))
@@ -137,9 +140,40 @@ def load_inlier(path: str | Path, device: torch.device | str | None = None) -> I
     return model.to(device or "cpu").eval()
 
 
+def load_fcgf(path: str | Path, device: torch.device | str | None = None) -> ResUNet:
+    """FCGF from our checkpoint or an official FCGF/DGR file (``state_dict``), in eval mode."""
+    return _fcgf_from(read_checkpoint(path), path, device)
+
+
+def load_inlier(path: str | Path, device: torch.device | str | None = None) -> InlierNetwork:
+    """The 6-D inlier network from our checkpoint or an official DGR file (``state_dict_inlier``)."""
+    return _inlier_from(read_checkpoint(path), path, device)
+
+
 def load_dgr(path: str | Path, device: torch.device | str | None = None) -> tuple[ResUNet, InlierNetwork]:
     """Both networks of an official DGR checkpoint (``state_dict`` and ``state_dict_inlier``)."""
     data = read_checkpoint(path)
     if "state_dict_inlier" not in data:
         raise CheckpointError(f"{path} is not a DGR checkpoint: no 'state_dict_inlier'")
-    return load_fcgf(path, device), load_inlier(path, device)
+    return _fcgf_from(data, path, device), _inlier_from(data, path, device)
+
+
+@dataclass
+class RegistrationModels:
+    """What the pipeline runs: FCGF, the inlier network when the file has one, and the voxel size
+    the weights were trained at (None when the file does not say)."""
+
+    fcgf: ResUNet
+    inlier: InlierNetwork | None
+    voxel: float | None
+
+
+def load_registration_models(path: str | Path | None = None,
+                             device: torch.device | str | None = None) -> RegistrationModels:
+    """FCGF (+ inlier network) from one file, by default the weights shipped in the package."""
+    if path is None:
+        path = paths.WEIGHTS_DIR / DEFAULT_WEIGHTS
+    data = read_checkpoint(path)
+    inlier = _inlier_from(data, path, device) if "state_dict_inlier" in data else None
+    voxel = data.get("voxel")
+    return RegistrationModels(_fcgf_from(data, path, device), inlier, float(voxel) if voxel is not None else None)

@@ -44,8 +44,9 @@ def extract_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: floa
     """Voxelise a (N, 3) cloud and run FCGF in eval mode.
 
     Returns ``voxel_xyz`` (M, 3) float32, the first input point of each occupied voxel (real
-    measured positions, as FCGF/DGR use them for Procrustes), and ``feats`` (M, C) float32, the
-    unit-norm descriptors of those voxels, both on ``device`` (default: the model's device).
+    measured positions, as FCGF/DGR use them for Procrustes; a numpy array when ``xyz`` is one,
+    else a tensor on ``device``), and ``feats`` (M, C) float32 torch tensor on ``device`` (default:
+    the model's device), the unit-norm descriptors of those voxels, row i belonging to point i.
     """
     if device is None:
         device = next(model.parameters()).device
@@ -53,4 +54,7 @@ def extract_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: floa
     pts = as_points(xyz, 3, "xyz").to(device=device, dtype=torch.float32)
     coords, first, _ = sparse_quantize(pts, voxel)  # sorted rows, as SparseTensor.from_points has them
     x = SparseTensor(torch.ones(len(coords), 1, device=device), torch.cat([coords.new_zeros(len(coords), 1), coords], 1))
-    return pts[first], model(x).feats
+    voxel_xyz = pts[first]
+    if isinstance(xyz, np.ndarray):
+        voxel_xyz = voxel_xyz.cpu().numpy()
+    return voxel_xyz, model(x).feats

@@ -53,3 +53,14 @@ class InlierNetwork(ResUNet):
         """DGR's inlier weights: sigmoid(logit), zeroed below ``threshold``."""
         w = torch.sigmoid(self(src_xyz, tgt_xyz, voxel))
         return torch.where(w < threshold, torch.zeros_like(w), w)
+
+
+@torch.no_grad()
+def correspondence_weights(net: InlierNetwork, src_xyz: np.ndarray | torch.Tensor, tgt_xyz: np.ndarray | torch.Tensor,
+                           voxel: float, device: torch.device | str | None = None) -> np.ndarray:
+    """(N,) float32 inlier probabilities sigmoid(logit) of correspondences (x_src_i, x_tgt_i), in
+    eval mode; thresholding (DGR: below 0.05 -> 0) is the caller's choice."""
+    if device is not None:
+        net = net.to(device)
+    logits = net.eval()(src_xyz, tgt_xyz, voxel)
+    return torch.sigmoid(logits).float().cpu().numpy()
