@@ -54,6 +54,15 @@ def test_batchnorm_and_relu_act_on_features_only(cloud):
     assert torch.equal(r.feats, x.feats.clamp_min(0)) and r.coords is x.coords
 
 
+def test_batchnorm_trains_on_a_single_voxel_with_running_statistics():
+    x = SparseTensor.from_points(torch.zeros(1, 3), 0.3, feats=torch.tensor([[2.0, -1.0]]))
+    bn = BatchNorm(2).train()
+    y = bn(x)
+    assert torch.allclose(y.feats, x.feats / torch.sqrt(torch.tensor(1.0 + bn.bn.eps)))
+    y.feats.sum().backward()
+    assert bn.bn.weight.grad is not None
+
+
 def test_basic_block_is_identity_plus_relu_when_second_conv_is_zero(cloud):
     x = SparseTensor.from_points(cloud, 0.3, feats=torch.randn(len(cloud), 6))
     block = BasicBlock(6).eval()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from s2h_ros.sparse.conv import sparse_conv
@@ -106,7 +107,10 @@ class ConvTranspose(Conv):
 
 
 class BatchNorm(nn.Module):
-    """BatchNorm over the voxels' features (the torch module sits under ``bn`` as in MinkowskiEngine)."""
+    """BatchNorm over the voxels' features (the torch module sits under ``bn`` as in MinkowskiEngine).
+
+    A training batch of a single voxel (the coarsest level of a tiny input) has no batch
+    variance; it is normalised with the running statistics instead of raising."""
 
     def __init__(self, channels: int, momentum: float = 0.1):
         super().__init__()
@@ -115,6 +119,10 @@ class BatchNorm(nn.Module):
     def forward(self, x: SparseTensor) -> SparseTensor:
         if not _is_ours(x):
             return _minkowski().apply_features(x, self.bn)
+        if self.training and x.feats.shape[0] < 2:
+            bn = self.bn
+            return x.replace(F.batch_norm(x.feats, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                                          False, 0.0, bn.eps))
         return x.replace(self.bn(x.feats))
 
 
