@@ -43,8 +43,10 @@ class RegistrationConfig:
     k: int = field(default=16, metadata=_meta("feature-space neighbours per point, both directions (S2H support)", 1, 256))
     sinkhorn_iters: int = field(default=5, metadata=_meta("augmented Sinkhorn iterations (S-step)", 1, 1000))
     temperature: float = field(default=0.1, metadata=_meta("score = -||f_x - f_y||^2 / temperature", 1e-4, 100.0))
-    outlier_profit: str = field(default="slack", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance, slack, constant"))
+    slack_score: float = field(default=-5.0, metadata=_meta("S-step score of 'no partner' (slack row/column)", -1e3, 1e3))
+    outlier_profit: str = field(default="scaled_inverse_variance", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance (measured default, docs/matching.md), slack, constant"))
     outlier_scale: float = field(default=-1.0, metadata=_meta("scale of the outlier-profit rule; negative: the rule's calibrated default", -1.0, 1e6))
+    min_matches: int = field(default=60, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard for weak features)", 0, 1_000_000))
 
     use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))
     weight_floor: float = field(default=0.05, metadata=_meta("inlier weights below this are zeroed (DGR)", 0.0, 1.0))
@@ -55,8 +57,8 @@ class RegistrationConfig:
     refine: str = field(default="icp", metadata=_meta("refinement after Procrustes: icp (robust point-to-plane) or none"))
     refine_iters: int = field(default=30, metadata=_meta("refinement iterations", 1, 1000))
     inlier_distance: float = field(default=0.6, metadata=_meta("metres: a correspondence is an inlier within this after alignment (DGR: 2 x voxel)", 1e-4, 100.0))
-    min_inliers: int = field(default=20, metadata=_meta("success needs at least this many inlier correspondences", 3, 1_000_000))
-    min_fitness: float = field(default=0.2, metadata=_meta("success needs this fraction of source voxels within inlier_distance of the target", 0.0, 1.0))
+    min_inliers: int = field(default=30, metadata=_meta("success needs at least this many inlier correspondences", 3, 1_000_000))
+    min_fitness: float = field(default=0.5, metadata=_meta("success needs this fraction of source voxels within inlier_distance of the target (wrong lidar alignments measured <= 0.43, right ones >= 0.64)", 0.0, 1.0))
     seed: int = field(default=0, metadata=_meta("random seed (subsampling, RANSAC)", 0, 2**31 - 1))
 
     def __post_init__(self) -> None:

@@ -125,7 +125,7 @@ class KeyframeOdometry:
         cfg = self.registrar.config
         T = refine_icp(prepared.xyz, self.keyframe.xyz, prior, cfg)
         n_inl, mask, fitness = verify(prepared.xyz, self.keyframe.xyz, failed.correspondences, T, cfg.inlier_distance)
-        if fitness < max(cfg.min_fitness, 0.5):
+        if fitness < cfg.min_fitness:
             return failed
         failed.transform, failed.success, failed.fitness = T, True, fitness
         failed.num_inliers, failed.inlier_mask = n_inl, mask

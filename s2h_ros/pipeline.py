@@ -280,7 +280,7 @@ def match_features(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Correspondences ``(K, 2)``, their matching probability ``(K,)`` and the candidate count."""
     if cfg.matcher == "s2h":
-        from s2h_ros.matching import s2h_match
+        from s2h_ros.matching import s2h_match, sparse_outlier_profits, sparse_partial_permutation
 
         m = s2h_match(
             feat_x,
@@ -288,11 +288,23 @@ def match_features(
             k=cfg.k,
             iters=cfg.sinkhorn_iters,
             temperature=cfg.temperature,
+            slack_score=cfg.slack_score,
             outlier_profit=cfg.outlier_profit,
             scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
         )
-        pairs = torch.stack([m.src_idx, m.tgt_idx], 1).cpu().numpy().astype(np.int64)
-        return pairs, m.p_values.detach().cpu().numpy().astype(np.float32), int(m.rows.numel())
+        src, tgt = m.src_idx.cpu().numpy(), m.tgt_idx.cpu().numpy()
+        if len(src) < cfg.min_matches:
+            # Weak features (e.g. FPFH) leave P flat and the calibrated rule matches almost
+            # nothing; the authors' small constant profit keeps enough pairs for RANSAC.
+            n_x, n_y = len(feat_x), len(feat_y)
+            p = m.p.detach()
+            sx, sy = sparse_outlier_profits(m.rows, m.cols, p, n_x, n_y, "constant", None)
+            src, tgt = sparse_partial_permutation(m.rows, m.cols, p, n_x, n_y, sx, sy)
+        pairs = np.stack([np.asarray(src), np.asarray(tgt)], 1).astype(np.int64).reshape(-1, 2)
+        keys = (m.rows * len(feat_y) + m.cols).cpu().numpy()
+        pos = np.searchsorted(keys, pairs[:, 0] * len(feat_y) + pairs[:, 1])
+        probs = m.p.detach().cpu().numpy()[pos] if len(pairs) else np.zeros(0)
+        return pairs, probs.astype(np.float32), int(m.rows.numel())
     from s2h_ros.matching import feature_knn
 
     # DGR: every source voxel's nearest target voxel in feature space; mutual: kept if reciprocal.
