@@ -1,12 +1,12 @@
 """``s2h bench features``: FCGF forward time and peak memory per preset.
 
 Inputs: a synthetic spinning-lidar scan (64 beams x 2048 azimuths cast analytically against a
-street of ground, facades, cars, poles and trees; about 20k voxels at 0.3 m, like a raw KITTI scan) and
-the bundled real KITTI scan (pre-averaged on 0.2 m, so fewer voxels). Times are medians over
-``--repeats`` runs of the whole extraction (quantise + kernel maps + network), plus the network
-alone on cached kernel maps. Peak CPU memory is the peak-RSS growth of a fresh process during
-one forward; on CUDA it is ``max_memory_allocated``. Where MinkowskiEngine imports, its time on
-the same weights is measured in the same run and reported as a ratio.
+street of ground, facades, cars, poles and trees; about 20k voxels at 0.3 m, like a raw KITTI
+scan) and the bundled real KITTI scan (pre-averaged on 0.2 m, so fewer voxels). Times are
+medians over ``--repeats`` interleaved runs of the whole extraction (quantise + kernel maps +
+network), of the network alone on cached kernel maps, and, where MinkowskiEngine imports, of
+MinkowskiEngine on the same weights (reported as a ratio from the same run). Peak CPU memory is
+the peak-RSS growth of a fresh process during one forward; on CUDA, ``max_memory_allocated``.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presets", nargs="+", default=["kitti", "compact"])
     parser.add_argument("--voxel", type=float, default=0.3)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads on CPU")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda when available")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-preset CPU memory processes")
     parser.add_argument("--seed", type=int, default=0)
@@ -91,16 +91,20 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median_ms(fn, device: str, repeats: int) -> float:
-    fn()  # warm-up (allocator, kernels, lazy imports)
-    times = []
+def _medians_ms(fns: dict, device: str, repeats: int) -> dict[str, float]:
+    """Median time of each function, run interleaved (one of each per round) so that a change of
+    machine load hits all of them alike and their ratios stay fair."""
+    for fn in fns.values():
+        fn()  # warm-up (allocator, kernels, lazy imports)
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _measure(preset: str, xyz: np.ndarray, voxel: float, device: str, repeats: int, seed: int) -> dict:
@@ -111,17 +115,19 @@ def _measure(preset: str, xyz: np.ndarray, voxel: float, device: str, repeats: i
     with torch.no_grad():
         x = SparseTensor.from_points(pts, voxel)
         out["voxels"] = len(x)
-        if device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-        out["forward_ms"] = _median_ms(lambda: model(SparseTensor.from_points(pts, voxel)), device, repeats)
-        if device.startswith("cuda"):
-            out["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        out["forward_cached_maps_ms"] = _median_ms(lambda: model(x), device, repeats)
+        fns = {"forward_ms": lambda: model(SparseTensor.from_points(pts, voxel)),
+               "forward_cached_maps_ms": lambda: model(x)}
         if minkowski.available() and (device == "cpu" or torch.cuda.is_available()):
             ours = model(x)
             theirs = model(minkowski.from_points(pts, voxel))
             out["minkowski_max_abs_diff"] = float((minkowski.to_rows(theirs, ours.coords) - ours.feats).abs().max())
-            out["minkowski_forward_ms"] = _median_ms(lambda: model(minkowski.from_points(pts, voxel)), device, repeats)
+            fns["minkowski_forward_ms"] = lambda: model(minkowski.from_points(pts, voxel))
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        out.update(_medians_ms(fns, device, repeats))
+        if device.startswith("cuda"):
+            out["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        if "minkowski_forward_ms" in out:
             out["ours_over_minkowski"] = out["forward_ms"] / out["minkowski_forward_ms"]
     return out
 
