@@ -266,3 +266,16 @@ def test_synthetic_drive_pairs_are_ten_metres_apart_with_exact_truth():
     assert pair.source.shape[1] == 3 and len(pair.source) > 1000
     with pytest.raises(ValueError, match="too short for 50 pairs"):
         DrivePairs(drive, n=50)
+
+
+def test_eval_command_reads_a_kitti_layout_sequence_folder(tmp_path):
+    from s2h_ros.cli import main
+    from s2h_ros.datasets.synthetic.sequence import simulate_sequence
+
+    simulate_sequence(n_frames=5, seed=2).write_kitti(tmp_path / "seq")
+    out = tmp_path / "kitti.json"
+    assert main(["eval", "--dataset", "kitti", "--root", str(tmp_path / "seq"), "--methods", "icp",
+                 "--json", str(out), "--no-progress"]) == 0
+    summary = json.loads(out.read_text())["summary"]["icp"]
+    assert summary["frames"] == 5 and summary["length_m"] > 1.0  # the vehicle moved
+    assert summary["ate_rmse_m"] < 0.05  # read back from velodyne/*.bin + poses.txt + calib.txt

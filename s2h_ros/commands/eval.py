@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: every method that applies to the task)")
     parser.add_argument("--task", choices=("pairs", "sequence"), default=None,
                         help="pairs or sequence (default: sequence for kitti/bag, pairs otherwise)")
-    parser.add_argument("--root", type=Path, help="KITTI odometry root, 3DMatch fragments root, or rosbag2 path")
+    parser.add_argument("--root", type=Path, help="KITTI odometry root (or one sequence folder), 3DMatch "
+                                                  "fragments root, or rosbag2 path")
     parser.add_argument("--gt-root", type=Path, help="3DMatch benchmark root holding 3DMatch/<scene>/gt.log")
     parser.add_argument("--benchmark", default="3DMatch", choices=("3DMatch", "3DLoMatch"))
     parser.add_argument("--sequence", default="0", help="KITTI sequence id (kitti)")
@@ -172,7 +173,8 @@ def load_sequence(args: argparse.Namespace) -> Any:
     if args.dataset == "kitti":
         from s2h_ros.datasets.kitti import KittiSequence
 
-        seq = KittiSequence(_need_root(args, "KITTI odometry root"), args.sequence)
+        root = _need_root(args, "KITTI odometry root, or one sequence folder holding velodyne/")
+        seq = KittiSequence(root) if (root / "velodyne").is_dir() else KittiSequence(root, args.sequence)
     elif args.dataset == "synthetic":
         from s2h_ros.datasets.synthetic.sequence import simulate_sequence
 
