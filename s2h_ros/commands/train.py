@@ -26,6 +26,8 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=25, help="print one progress line every N steps")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     p.add_argument("--no-augment", action="store_true", help="train on the cached pairs as they are")
+    p.add_argument("--max-yaw", type=float, default=45.0,
+                   help="augmentation yaw range per side, +- degrees (also the validation rotations); 180: any heading")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

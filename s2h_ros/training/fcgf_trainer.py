@@ -112,6 +112,7 @@ class FCGFTask:
         self.augment = augment
         self.preset = preset
         self.radius = POSITIVE_RADIUS_VOXELS * voxel
+        self.val_yaw = augment.max_yaw_deg if augment is not None else 0.0
 
     def param_groups(self, lr: float) -> list[dict]:
         return [{"params": list(self.nets["fcgf"].parameters()), "lr": lr}]
@@ -138,9 +139,9 @@ class FCGFTask:
         ratios, T_preds, T_gts = [], [], []
         for n, pair in enumerate(pairs):
             rng = np.random.default_rng([n, 7])
-            # rotation only (no thinning/noise): the features must cope with any heading
-            pair = augment_pair(pair, rng, AugmentConfig(noise_sigma=0.0, keep_min=1.0, crop_min_range=1e9,
-                                                         crop_max_range=1e9 + 1))
+            # rotation only (no thinning/noise), within the yaw range trained for
+            pair = augment_pair(pair, rng, AugmentConfig(max_yaw_deg=self.val_yaw, noise_sigma=0.0, keep_min=1.0,
+                                                         crop_min_range=1e9, crop_max_range=1e9 + 1))
             (xyz0, f0), (xyz1, f1) = batched_features(unwrap(self.nets["fcgf"]), [pair.source, pair.target],
                                                       self.voxel, self.device)
             j = nearest_feature(f0, f1)
@@ -176,5 +177,6 @@ def train_fcgf(args) -> dict:
     torch.manual_seed(args.seed)  # same initial weights on every rank
     net = load_fcgf(args.init) if args.init else build_fcgf(args.preset)
     contrastive = ContrastiveConfig(args.num_pos, args.num_hn, args.pos_margin, args.neg_margin)
-    task = FCGFTask(net, voxel, info.device, contrastive, None if args.no_augment else AugmentConfig(), args.preset)
+    augment = None if args.no_augment else AugmentConfig(max_yaw_deg=args.max_yaw)
+    task = FCGFTask(net, voxel, info.device, contrastive, augment, args.preset)
     return train(task, train_pairs, val_pairs, loop_config(args), info)
