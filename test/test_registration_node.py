@@ -4,13 +4,9 @@ malformed and empty clouds are answered with failures and do not stop it."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import threading
-import time
 
-import numpy as np
 import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
@@ -20,7 +16,7 @@ from std_msgs.msg import Header
 from tf2_msgs.msg import TFMessage
 from visualization_msgs.msg import Marker, MarkerArray
 
-from s2h_ros.commands.replay import node_command
+from s2h_ros.commands.replay import node_command, registration_node_process
 from s2h_ros.ros import messages
 from s2h_ros.ros.replay import RELIABLE, SequenceReplayer, evaluate_replay
 
@@ -53,15 +49,8 @@ def ros_domain():
 @pytest.fixture(scope="module")
 def node_process(ros_domain, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("node") / "registration_node.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(node_command([], NODE_PARAMS), stdout=log, stderr=subprocess.STDOUT)
-    yield proc, log_path
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with registration_node_process(log_path, overrides=NODE_PARAMS) as proc:
+        yield proc, log_path
 
 
 class Listener:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -15,13 +16,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--features", default="auto", help="pipeline features: auto, fcgf, fpfh")
+    parser.add_argument("--weights", default="", help="checkpoint (default: the shipped weights)")
     parser.add_argument("--baseline", default="fpfh_ransac", help="harness method to compare with ('' for none)")
+
+
+def _timed(register: Callable, pairs: list) -> list[dict]:
+    """Wall time and RE/TE of ``register(source, target)`` on each pair."""
+    from s2h_ros import geometry
+
+    rows = []
+    for pair in pairs:
+        t0 = time.perf_counter()
+        result = register(pair.source, pair.target)
+        wall = time.perf_counter() - t0
+        re, te = geometry.transform_errors(result.transform, pair.T_gt)
+        rows.append({"name": pair.name, "wall_s": wall, "re_deg": float(re), "te_m": float(te),
+                     "success": bool(result.success), "stages": dict(result.timings)})
+    return rows
 
 
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from s2h_ros import geometry
     from s2h_ros.config import RegistrationConfig
     from s2h_ros.datasets.synthetic import synthetic_pairs
     from s2h_ros.evaluation.methods import make_method
@@ -29,33 +45,14 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     pairs = synthetic_pairs(args.pairs, seed=args.seed, sensor=args.sensor)
-    registrar = Registrar(RegistrationConfig(device=args.device, features=args.features))
+    registrar = Registrar(RegistrationConfig(device=args.device, features=args.features, weights=args.weights))
     registrar.register(pairs[0].source, pairs[0].target)  # warm-up: model load, allocator, kernels
-    rows = []
-    for pair in pairs:
-        t0 = time.perf_counter()
-        result = registrar.register(pair.source, pair.target)
-        wall = time.perf_counter() - t0
-        re, te = geometry.transform_errors(result.transform, pair.T_gt)
-        rows.append({"name": pair.name, "wall_s": wall, "re_deg": float(re), "te_m": float(te),
-                     "success": bool(result.success), "stages_ms": result.timings,
-                     "voxels": [len(result.source_xyz), len(result.target_xyz)]})
-    out = {
-        "device": args.device, "threads": args.threads, "pairs": len(pairs), "sensor": args.sensor,
-        "features": registrar.feature_kind(),
-        "s2h": _summary(rows),
-        "s2h_rows": rows,
-    }
+    rows = _timed(registrar.register, pairs)
+    out = {"device": args.device, "threads": args.threads, "pairs": len(pairs), "sensor": args.sensor,
+           "features": registrar.feature_kind(), "s2h": _summary(rows), "s2h_rows": rows}
     if args.baseline:
-        base = make_method(args.baseline, scale="outdoor")
-        brows = []
-        for pair in pairs:
-            t0 = time.perf_counter()
-            r = base.register(pair.source, pair.target)
-            wall = time.perf_counter() - t0
-            re, te = geometry.transform_errors(r.transform, pair.T_gt)
-            brows.append({"wall_s": wall, "re_deg": float(re), "te_m": float(te)})
-        out[args.baseline] = _summary(brows)
+        base = _timed(make_method(args.baseline, scale="outdoor").register, pairs)
+        out[args.baseline] = _summary(base)
         out["speedup_vs_baseline"] = out[args.baseline]["median_s"] / out["s2h"]["median_s"]
     return out
 

@@ -9,9 +9,6 @@ KISS-ICP's odometry on the same scans (offline, every scan) with its frames per 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -45,7 +42,7 @@ def run(args: argparse.Namespace) -> dict:
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
-    from s2h_ros.commands.replay import node_command
+    from s2h_ros.commands.replay import registration_node_process
     from s2h_ros.datasets.kitti import KittiSequence
     from s2h_ros.ros.replay import SequenceReplayer, evaluate_replay
 
@@ -57,44 +54,35 @@ def run(args: argparse.Namespace) -> dict:
         if not (seq_dir / "poses.txt").exists():
             simulate_sequence(n_frames=args.frames, seed=args.seed, sensor=args.sensor, out_dir=seq_dir, progress=True)
     sequence = KittiSequence(seq_dir)
-    args.cache.mkdir(parents=True, exist_ok=True)
-    log = open(args.cache / "registration_node.log", "w")
-    proc = subprocess.Popen(node_command([], args.param), stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     rss: list[tuple[float, float]] = []
     stop = threading.Event()
+    with registration_node_process(args.cache / "registration_node.log", overrides=args.param) as proc:
 
-    def sample() -> None:
-        t0 = time.monotonic()
-        while not stop.wait(1.0):
-            mb = _rss_mb(proc.pid)
-            if mb is not None:
-                rss.append((time.monotonic() - t0, mb))
+        def sample() -> None:
+            t0 = time.monotonic()
+            while not stop.wait(1.0):
+                mb = _rss_mb(proc.pid)
+                if mb is not None:
+                    rss.append((time.monotonic() - t0, mb))
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    rclpy.init(args=[])
-    node = SequenceReplayer(sequence, topic="points", name="bench_replay")
-    executor = MultiThreadedExecutor(num_threads=2)
-    executor.add_node(node)
-    threading.Thread(target=executor.spin, daemon=True).start()
-    try:
-        if not node.wait_for_subscriber(120.0):
-            raise RuntimeError(f"registration_node did not come up; see {args.cache / 'registration_node.log'}")
-        t0 = time.monotonic()
-        node.run(rate=args.rate, settle_timeout=60.0)
-        duration = time.monotonic() - t0
-        report = evaluate_replay(sequence, node.record, args.cache / "replay")
-    finally:
-        stop.set()
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
-        proc.send_signal(signal.SIGINT)
+        threading.Thread(target=sample, daemon=True).start()
+        rclpy.init(args=[])
+        node = SequenceReplayer(sequence, topic="points", name="bench_replay")
+        executor = MultiThreadedExecutor(num_threads=2)
+        executor.add_node(node)
+        threading.Thread(target=executor.spin, daemon=True).start()
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            if not node.wait_for_subscriber(120.0):
+                raise RuntimeError(f"registration_node did not come up; see {args.cache / 'registration_node.log'}")
+            t0 = time.monotonic()
+            node.run(rate=args.rate, settle_timeout=60.0)
+            duration = time.monotonic() - t0
+            report = evaluate_replay(sequence, node.record, args.cache / "replay")
+        finally:
+            stop.set()
+            executor.shutdown()
+            node.destroy_node()
+            rclpy.try_shutdown()
     points = [len(sequence[i].points) for i in range(0, len(sequence), max(1, len(sequence) // 10))]
     out = {
         "sequence": str(seq_dir), "frames": len(sequence), "points_per_scan_mean": float(np.mean(points)),

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -60,6 +61,24 @@ def node_command(params_files: list[Path], overrides: list[str]) -> list[str]:
     return cmd
 
 
+@contextmanager
+def registration_node_process(log_path: Path, params_files: list[Path] = (), overrides: list[str] = ()):
+    """registration_node as its own process (output to ``log_path``), stopped with SIGINT on exit."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(node_command(list(params_files), list(overrides)), stdout=log,
+                                stderr=subprocess.STDOUT, env=dict(os.environ))
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def run(args: argparse.Namespace) -> int:
     import rclpy
 
@@ -71,12 +90,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"s2h replay: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = open(args.out / "registration_node.log", "w")
-    cmd = node_command(args.params_file, args.param)
-    node_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    print(f"started registration_node (pid {node_proc.pid}), log: {args.out / 'registration_node.log'}")
-    try:
+    log_path = args.out / "registration_node.log"
+    with registration_node_process(log_path, args.params_file, args.param) as node_proc:
+        print(f"started registration_node (pid {node_proc.pid}), log: {log_path}")
         rclpy.init(args=[])
         node = SequenceReplayer(sequence, topic="points", frame_id=getattr(sequence[0], "frame_id", "velodyne"))
         values = {"discovery_timeout": args.discovery_timeout, "node_name": "registration_node", "topic": "points",
@@ -84,13 +100,6 @@ def run(args: argparse.Namespace) -> int:
                   "rate": args.rate, "output_dir": str(args.out),
                   "sensor_to_base": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]}
         code = run_replay(node, sequence, values)
-    finally:
-        node_proc.send_signal(signal.SIGINT)
-        try:
-            node_proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            node_proc.kill()
-        log.close()
     if node_proc.returncode not in (0, -signal.SIGINT):
-        print(f"registration_node exited with {node_proc.returncode}; see {args.out / 'registration_node.log'}")
+        print(f"registration_node exited with {node_proc.returncode}; see {log_path}")
     return code

@@ -22,7 +22,6 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rosgraph_msgs.msg import Clock
 from scipy.spatial.transform import Rotation
 from sensor_msgs.msg import PointCloud2
-from std_msgs.msg import Header
 
 from s2h_ros import geometry
 from s2h_ros.datasets.types import Sequence
