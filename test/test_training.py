@@ -22,7 +22,7 @@ from s2h_ros.training.data import (
 )
 from s2h_ros.training.fcgf_trainer import FCGFTask, positive_pairs
 from s2h_ros.training.inlier_trainer import InlierTask, sparse_s2h_losses
-from s2h_ros.training.loop import sample_index
+from s2h_ros.training.loop import sample_index, weights_path
 
 ROOT = Path(__file__).resolve().parents[1]
 VOXEL = 0.3
@@ -203,6 +203,9 @@ def test_time_budget_stops_early_with_a_loadable_checkpoint(cache_dir, tmp_path)
     data = read_checkpoint(out)
     assert 1 <= data["train_state"]["step"] < 1000
     load_fcgf(out)
+    shipped = read_checkpoint(weights_path(out))
+    assert "train_state" not in shipped and shipped["steps"] == data["train_state"]["step"]
+    load_fcgf(weights_path(out))
 
 
 def test_inlier_checkpoint_has_the_dgr_layout(cache_dir, tmp_path):

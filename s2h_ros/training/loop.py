@@ -1,7 +1,7 @@
 """The training loop shared by the FCGF and inlier trainers.
 
 Seeds, one pair per step and process, Adam, compact progress lines, a checkpoint every N steps
-(written by rank 0 only) that ``--resume`` continues exactly, a validation split, a wall-clock
+(written by rank 0 only) that ``--resume`` continues exactly, a weights-only copy at the end, a validation split, a wall-clock
 budget (``max_minutes``) that stops cleanly with the checkpoint written, and PyTorch DDP when
 launched by ``torchrun`` (process group from the environment: gloo on CPU, nccl on CUDA).
 
@@ -223,11 +223,19 @@ def train(task: TrainTask, train_pairs: list[CachedPair], val_pairs: list[Cached
     bar.close()
     validate(step)
     checkpoint(step)
+    if info.is_main:  # the same weights without the optimiser state (a third of the size), for shipping
+        task.save(weights_path(cfg.out), {"nets": {k: unwrap(v) for k, v in task.nets.items()}, "steps": step})
     summary = {"steps": step, "minutes": round((time.perf_counter() - t0) / 60.0, 2),
                "history": history, "out": str(cfg.out)}
     if info.is_main:
         _log(f"done: step {step}, {summary['minutes']} min, checkpoint {cfg.out}")
     return summary
+
+
+def weights_path(out: Path) -> Path:
+    """Where the final weights-only file goes: ``run.pt`` -> ``run.weights.pt``."""
+    out = Path(out)
+    return out.with_name(out.stem + ".weights" + out.suffix)
 
 
 def loop_config(args) -> LoopConfig:
