@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
@@ -50,7 +51,10 @@ class KeyframeOdometry:
         self.keyframe_id = -1
         self.keyframe_stamp = 0.0
         self.last_pose: np.ndarray | None = None
-        self.velocity = np.eye(4)  # last relative motion, for the constant-velocity prior
+        # Constant-velocity prior: body-frame twist per second (rotation vector, translation), so
+        # the prediction stays right when scans were dropped or arrive at an uneven rate.
+        self.twist = np.zeros(6)
+        self.last_stamp: float | None = None
         self.failures = 0
         self.count = 0
 
@@ -63,13 +67,13 @@ class KeyframeOdometry:
         except RegistrationError as exc:
             return self._failed(index, stamp, f"bad scan: {exc}", None)
         if self.keyframe is None:
-            pose = np.eye(4) if self.last_pose is None else self._predict()
+            pose = np.eye(4) if self.last_pose is None else self._predict(stamp)
             self._set_keyframe(prepared, pose, stamp)
-            self.last_pose = pose
+            self.last_pose, self.last_stamp = pose, stamp
             return OdometryStep(index, stamp, True, "keyframe initialised", pose, np.eye(4), self.keyframe_id,
                                 stamp, True, None, prepared.xyz)
 
-        prior = geometry.invert_transform(self.keyframe_pose) @ self._predict()
+        prior = geometry.invert_transform(self.keyframe_pose) @ self._predict(stamp)
         result = self.registrar.register(prepared, self.keyframe, init=prior)
         if not result.success and self.cfg.use_motion_prior:
             result = self._refine_from_prior(prepared, prior, result)
@@ -78,14 +82,17 @@ class KeyframeOdometry:
             step = self._failed(index, stamp, result.message, result)
             if self.failures >= self.cfg.max_failures:
                 # Give up on this keyframe: continue from the prediction with this scan.
-                self._set_keyframe(prepared, self._predict(), stamp)
+                self._set_keyframe(prepared, self._predict(stamp), stamp)
                 self.failures = 0
             return step
 
         self.failures = 0
         pose = self.keyframe_pose @ result.transform
-        self.velocity = geometry.invert_transform(self.last_pose) @ pose
-        self.last_pose = pose
+        dt = stamp - self.last_stamp
+        if dt > 0:
+            delta = geometry.invert_transform(self.last_pose) @ pose
+            self.twist = np.concatenate([Rotation.from_matrix(delta[:3, :3]).as_rotvec(), delta[:3, 3]]) / dt
+        self.last_pose, self.last_stamp = pose, stamp
         kf_id, kf_stamp, kf_xyz = self.keyframe_id, self.keyframe_stamp, self.keyframe.xyz
         new_kf = self._needs_keyframe(result)
         if new_kf:
@@ -101,8 +108,11 @@ class KeyframeOdometry:
         if n < self.cfg.min_points:
             raise RegistrationError(f"{n} finite points (need {self.cfg.min_points})")
 
-    def _predict(self) -> np.ndarray:
-        return self.last_pose @ self.velocity
+    def _predict(self, stamp: float) -> np.ndarray:
+        """Pose at ``stamp`` extrapolated from the last trusted pose with the last twist."""
+        dt = max(stamp - self.last_stamp, 0.0) if self.last_stamp is not None else 0.0
+        step = self.twist * dt
+        return self.last_pose @ geometry.make_transform(Rotation.from_rotvec(step[:3]).as_matrix(), step[3:])
 
     def _set_keyframe(self, prepared: PreparedCloud, pose: np.ndarray, stamp: float) -> None:
         self.keyframe, self.keyframe_pose, self.keyframe_stamp = prepared, pose, stamp

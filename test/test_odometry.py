@@ -58,3 +58,16 @@ def test_repeated_failures_reinitialise_the_keyframe(vlp16_drive, rng):
     steps = [odo.step(n, 0.1 * (i + 1)) for i, n in enumerate(noise)]
     assert not any(s.success for s in steps)
     assert odo.keyframe_id == first_id + 1 and odo.failures == 0
+
+
+def test_motion_prior_scales_with_the_time_between_scans(vlp16_drive):
+    odo = KeyframeOdometry(FAST)
+    scans = list(vlp16_drive)
+    for s in scans[:4]:
+        odo.step(s.points, s.stamp)
+    # Predicting three scan periods ahead lands near the true pose three scans later.
+    gt = _gt(vlp16_drive)
+    predicted = odo._predict(scans[3].stamp + 0.3)
+    err_pred = np.linalg.norm(predicted[:3, 3] - gt[6, :3, 3])
+    err_hold = np.linalg.norm(odo.last_pose[:3, 3] - gt[6, :3, 3])
+    assert err_pred < 0.5 * err_hold
