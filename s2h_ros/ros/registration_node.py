@@ -35,7 +35,7 @@ from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.ros import messages
 from s2h_ros.ros.parameters import declare_and_read
 from s2h_ros.ros.pointcloud2 import from_msg
-from s2h_ros.ros.tf import TfPublisher
+from s2h_ros.ros.tf import ExtrinsicLookup, TfPublisher
 
 
 class RegistrationNode(Node):
@@ -59,6 +59,8 @@ class RegistrationNode(Node):
         self.pub_markers = self.create_publisher(MarkerArray, "~/correspondences", 1)
         self.pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.tf = TfPublisher(self) if p["publish_tf"] else None
+        self.extrinsics = ExtrinsicLookup(self)
+        self._extrinsic_from_tf = False
         self.path = Path(header=Header(frame_id=self.odom_frame))
         self._path_max = int(p["path_max_length"])
 
@@ -120,6 +122,7 @@ class RegistrationNode(Node):
             self.stats["bad_input"] += 1
             self._publish_failure(msg.header, scan_id, f"malformed PointCloud2: {exc}")
             return
+        self._update_extrinsic(sensor_frame)
         step = self.odometry.step(xyz, messages.stamp_to_sec(stamp))
         self.stats["processed"] += 1
         if step.success:
@@ -140,6 +143,15 @@ class RegistrationNode(Node):
         done = time.monotonic()
         self._latencies.append(done - received)  # receipt -> published, wall clock
         self._done_times.append(done)
+
+    def _update_extrinsic(self, sensor_frame: str) -> None:
+        """Take base <- sensor from tf2 once it is known (full ROS 2 installs); else the parameter."""
+        if self._extrinsic_from_tf or not self.base_frame or sensor_frame == self.base_frame:
+            return
+        T = self.extrinsics.lookup(self.base_frame, sensor_frame)
+        if T is not None:
+            self.sensor_to_base, self._extrinsic_from_tf = T, True
+            self.get_logger().info(f"sensor extrinsic {self.base_frame} <- {sensor_frame} from tf2")
 
     def _sensor_in_odom(self, P: np.ndarray) -> np.ndarray:
         """Sensor pose ``P`` (in the first scan's sensor frame) expressed in the odom frame.

@@ -36,3 +36,34 @@ class TfPublisher:
             self._impl.sendTransform(transform)
         else:
             self._pub.publish(self._msg_type(transforms=[transform]))
+
+
+class ExtrinsicLookup:
+    """The sensor's pose in the base frame from tf2 (static TF of the robot description).
+
+    Only where tf2_ros exists; elsewhere ``lookup`` returns None and the node uses its
+    ``sensor_to_base`` parameter.
+    """
+
+    def __init__(self, node: Node) -> None:
+        self._buffer = None
+        if HAVE_TF2_ROS:
+            from tf2_ros import Buffer, TransformListener
+
+            self._buffer = Buffer()
+            self._listener = TransformListener(self._buffer, node, spin_thread=False)
+
+    def lookup(self, base_frame: str, sensor_frame: str):
+        """(4, 4) pose of ``sensor_frame`` in ``base_frame`` (latest), or None when unknown."""
+        if self._buffer is None or not base_frame or not sensor_frame:
+            return None
+        from rclpy.time import Time
+
+        try:
+            tf = self._buffer.lookup_transform(base_frame, sensor_frame, Time())
+        except Exception:  # tf2 raises LookupException / ExtrapolationException / ConnectivityException
+            return None
+        from s2h_ros.ros.messages import xyzquat_to_matrix
+
+        t, q = tf.transform.translation, tf.transform.rotation
+        return xyzquat_to_matrix([t.x, t.y, t.z, q.x, q.y, q.z, q.w])
