@@ -20,10 +20,10 @@ from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rosgraph_msgs.msg import Clock
-from scipy.spatial.transform import Rotation
 from sensor_msgs.msg import PointCloud2
 
 from s2h_ros import geometry
+from s2h_ros.datasets.rosbag import transform_to_matrix
 from s2h_ros.datasets.types import Sequence
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.ros import messages
@@ -47,11 +47,6 @@ class ReplayRecord:
 
 def _ns(stamp) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
-
-
-def _odom_to_matrix(msg: Odometry) -> np.ndarray:
-    p, q = msg.pose.pose.position, msg.pose.pose.orientation
-    return geometry.make_transform(Rotation.from_quat([q.x, q.y, q.z, q.w]).as_matrix(), np.array([p.x, p.y, p.z]))
 
 
 class SequenceReplayer(Node):
@@ -79,7 +74,7 @@ class SequenceReplayer(Node):
     def _on_odom(self, msg: Odometry) -> None:
         with self._cv:
             key = _ns(msg.header.stamp)
-            self.record.poses[key] = _odom_to_matrix(msg)
+            self.record.poses[key] = transform_to_matrix(msg.pose.pose.position, msg.pose.pose.orientation)
             self.record.odom_wall[key] = time.monotonic()
             self._cv.notify_all()
 

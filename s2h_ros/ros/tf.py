@@ -63,7 +63,6 @@ class ExtrinsicLookup:
             tf = self._buffer.lookup_transform(base_frame, sensor_frame, Time())
         except Exception:  # tf2 raises LookupException / ExtrapolationException / ConnectivityException
             return None
-        from s2h_ros.ros.messages import xyzquat_to_matrix
+        from s2h_ros.datasets.rosbag import transform_to_matrix
 
-        t, q = tf.transform.translation, tf.transform.rotation
-        return xyzquat_to_matrix([t.x, t.y, t.z, q.x, q.y, q.z, q.w])
+        return transform_to_matrix(tf.transform.translation, tf.transform.rotation)
