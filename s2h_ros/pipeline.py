@@ -128,10 +128,16 @@ class Registrar:
         return self._models
 
     def feature_kind(self) -> str:
-        """Features in use: fcgf when weights are given or shipped (features="auto"), else fpfh."""
+        """Features in use. ``auto``: fcgf when weights are given or shipped and were trained at
+        this voxel size (within 10 %), else fpfh: learned features do not transfer across scales."""
         kind = self.config.features
         if kind == "auto":
-            kind = "fcgf" if (self.config.weights or default_weights_path().exists()) else "fpfh"
+            cfg = self.config
+            if not (cfg.weights or default_weights_path().exists()):
+                return "fpfh"
+            trained = self._load_models().voxel
+            fits = trained is None or abs(trained - cfg.voxel_size) <= 0.1 * cfg.voxel_size
+            kind = "fcgf" if fits else "fpfh"
         return kind
 
     def prepare(self, xyz: np.ndarray) -> PreparedCloud:
@@ -397,6 +403,8 @@ def register(
 
 
 def default_weights_path() -> Path:
+    """The shipped weights (``features: auto`` uses them when present)."""
+    from s2h_ros.models.checkpoint import DEFAULT_WEIGHTS
     from s2h_ros.paths import WEIGHTS_DIR
 
-    return WEIGHTS_DIR / "s2h_compact_kitti.pt"
+    return WEIGHTS_DIR / DEFAULT_WEIGHTS

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
@@ -82,3 +83,16 @@ def test_every_matcher_yields_one_to_one_or_many_to_one_pairs_as_specified(match
         assert len(np.unique(c[:, 1])) == len(c)
     else:
         assert len(c) == len(src.xyz)
+
+
+def test_auto_features_use_weights_only_at_the_voxel_they_were_trained_for(tmp_path, demo_pair):
+    from s2h_ros.models.checkpoint import save_checkpoint
+    from s2h_ros.models.fcgf import build_fcgf
+
+    path = save_checkpoint(tmp_path / "fcgf.pt", build_fcgf("compact"), voxel=0.05)
+    same = Registrar(RegistrationConfig(voxel_size=0.05, weights=str(path)))
+    other = Registrar(RegistrationConfig(voxel_size=0.3, weights=str(path)))
+    assert same.feature_kind() == "fcgf" and other.feature_kind() == "fpfh"
+    prepared = same.prepare(demo_pair.target)
+    assert prepared.feature_kind == "fcgf" and prepared.features.shape[1] == 32
+    assert torch.allclose(prepared.features.norm(dim=1), torch.ones(len(prepared.xyz)), atol=1e-4)
