@@ -173,8 +173,9 @@ class Registrar:
     ) -> RegistrationResult:
         """Transform mapping ``source`` into ``target``'s frame (arrays or prepared clouds).
 
-        ``init``: a prior transform (e.g. constant-velocity prediction); used as the ICP start
-        when global registration is not trusted.
+        ``init``: a prior transform (e.g. a constant-velocity prediction), the ICP start when
+        there are too few correspondences for RANSAC. (``KeyframeOdometry`` also refines from its
+        prior when this global result is not trusted.)
         """
         cfg = self.config
         t_start = time.perf_counter()
