@@ -46,7 +46,7 @@ class RegistrationConfig:
     slack_score: float = field(default=-5.0, metadata=_meta("S-step score of 'no partner' (slack row/column)", -1e3, 1e3))
     outlier_profit: str = field(default="scaled_inverse_variance", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance (measured default, docs/matching.md), slack, constant"))
     outlier_scale: float = field(default=-1.0, metadata=_meta("scale of the outlier-profit rule; negative: the rule's calibrated default", -1.0, 1e6))
-    min_matches: int = field(default=60, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard for weak features)", 0, 1_000_000))
+    min_matches: int = field(default=300, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard when the calibrated rule keeps too few pairs)", 0, 1_000_000))
 
     use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))
     weight_floor: float = field(default=0.05, metadata=_meta("inlier weights below this are zeroed (DGR)", 0.0, 1.0))

@@ -96,3 +96,16 @@ def test_auto_features_use_weights_only_at_the_voxel_they_were_trained_for(tmp_p
     prepared = same.prepare(demo_pair.target)
     assert prepared.feature_kind == "fcgf" and prepared.features.shape[1] == 32
     assert torch.allclose(prepared.features.norm(dim=1), torch.ones(len(prepared.xyz)), atol=1e-4)
+
+
+def test_shipped_weights_register_a_held_out_synthetic_pair_by_default():
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+    from s2h_ros.pipeline import default_weights_path
+
+    assert default_weights_path().is_file()
+    pair = synthetic_pairs(1, seed=5)[0]  # seeds 0-999 are never trained on
+    reg = Registrar()  # defaults: voxel 0.3 m, features auto -> the shipped FCGF weights, S2H
+    assert reg.feature_kind() == "fcgf"
+    result = reg.register(pair.source, pair.target)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert result.success and re < 5.0 and te < 0.6, (result.message, re, te)
