@@ -42,8 +42,10 @@ class RegistrationConfig:
     matcher: str = field(default="s2h", metadata=_meta("correspondences: s2h (soft-to-hard PPM), nn (DGR 1-NN), mutual_nn"))
     k: int = field(default=16, metadata=_meta("feature-space neighbours per point, both directions (S2H support)", 1, 256))
     sinkhorn_iters: int = field(default=5, metadata=_meta("augmented Sinkhorn iterations (S-step)", 1, 1000))
-    temperature: float = field(default=0.1, metadata=_meta("score = -||f_x - f_y||^2 / temperature", 1e-4, 100.0))
-    slack_score: float = field(default=-5.0, metadata=_meta("S-step score of 'no partner' (slack row/column)", -1e3, 1e3))
+    temperature: float = field(default=0.02, metadata=_meta("S-step score = -||f_x - f_y||^2 / temperature for learned (FCGF) features (docs/matching.md)", 1e-4, 100.0))
+    slack_score: float = field(default=-15.0, metadata=_meta("S-step score of 'no partner' (slack row/column); -15 with temperature 0.02: partners farther than squared feature distance 0.3 lose to the slack", -1e3, 1e3))
+    fpfh_temperature: float = field(default=0.1, metadata=_meta("temperature when the features are FPFH (flatter than FCGF: 0.02 loses the real KITTI loop pair, 0.1 registers it)", 1e-4, 100.0))
+    fpfh_slack_score: float = field(default=-5.0, metadata=_meta("slack score when the features are FPFH", -1e3, 1e3))
     outlier_profit: str = field(default="scaled_inverse_variance", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance (measured default, docs/matching.md), slack, constant"))
     outlier_scale: float = field(default=-1.0, metadata=_meta("scale of the outlier-profit rule; negative: the rule's calibrated default", -1.0, 1e6))
     min_matches: int = field(default=300, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard when the calibrated rule keeps too few pairs)", 0, 1_000_000))
@@ -63,6 +65,12 @@ class RegistrationConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def s_step(self, feature_kind: str) -> tuple[float, float]:
+        """``(temperature, slack_score)`` of the S-step for ``fcgf`` or ``fpfh`` features."""
+        if feature_kind == "fpfh":
+            return self.fpfh_temperature, self.fpfh_slack_score
+        return self.temperature, self.slack_score
 
     def replace(self, **changes: Any) -> "RegistrationConfig":
         return dataclasses.replace(self, **changes)
@@ -120,6 +128,31 @@ def config_from_dict(cls: type, values: dict[str, Any]) -> Any:
     if unknown:
         raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
     return cls(**values)
+
+
+def parse_overrides(cls: type, text: str) -> dict[str, Any]:
+    """``"key=value+key=value"`` -> typed values for ``cls``'s fields (the CLI's config variants).
+
+    ``"matcher=nn+k=8"`` -> ``{"matcher": "nn", "k": 8}``; unknown keys and unparsable values
+    raise :class:`ConfigError` naming them.
+    """
+    types = {f.name: _field_type(f) for f in fields(cls)}
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split("+")):
+        key, sep, raw = item.partition("=")
+        if not sep or key not in types:
+            raise ConfigError(f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(types))}")
+        kind = types[key]
+        try:
+            if kind is bool:
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                out[key] = raw.lower() in ("true", "1")
+            else:
+                out[key] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{key}: cannot read {raw!r} as {kind.__name__}") from None
+    return out
 
 
 def describe(cls: type) -> list[tuple[str, type, Any, str, tuple]]:

@@ -129,8 +129,15 @@ def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
     _check_points("points", points)
     if not voxel > 0:
         raise ValueError(f"voxel must be > 0, got {voxel}")
-    keys = np.floor(points / voxel).astype(np.int64)
-    _, first = np.unique(keys, axis=0, return_index=True)
+    cells = np.floor(points[:, :3] / voxel).astype(np.int64)
+    cells -= cells.min(axis=0)
+    extent = cells.max(axis=0) + 1
+    if float(np.prod(extent.astype(np.float64))) < 2.0**62:
+        # One int64 key per cell: a 1-D unique is ~10x faster than ``np.unique(axis=0)``.
+        keys = (cells[:, 0] * extent[1] + cells[:, 1]) * extent[2] + cells[:, 2]
+        _, first = np.unique(keys, return_index=True)
+    else:
+        _, first = np.unique(cells, axis=0, return_index=True)
     return np.sort(first).astype(np.int64)
 
 

@@ -189,7 +189,7 @@ class Registrar:
                     timer.ms[k] = timer.ms.get(k, 0.0) + v
 
         with timer.stage("match", self.device):
-            pairs, probs, n_cand = match_features(src.features, tgt.features, cfg)
+            pairs, probs, n_cand = match_features(src.features, tgt.features, cfg, src.feature_kind)
         with timer.stage("inlier", self.device):
             weights, learned = self._inlier_weights(src.xyz, tgt.xyz, pairs, probs)
         weight_sum = float(weights.sum())
@@ -283,19 +283,20 @@ def fpfh_features(xyz: np.ndarray, voxel: float) -> np.ndarray:
 
 
 def match_features(
-    feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig
+    feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig, feature_kind: str = "fcgf"
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Correspondences ``(K, 2)``, their matching probability ``(K,)`` and the candidate count."""
     if cfg.matcher == "s2h":
         from s2h_ros.matching import s2h_match, sparse_outlier_profits, sparse_partial_permutation
 
+        temperature, slack_score = cfg.s_step(feature_kind)
         m = s2h_match(
             feat_x,
             feat_y,
             k=cfg.k,
             iters=cfg.sinkhorn_iters,
-            temperature=cfg.temperature,
-            slack_score=cfg.slack_score,
+            temperature=temperature,
+            slack_score=slack_score,
             outlier_profit=cfg.outlier_profit,
             scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
         )

@@ -124,6 +124,15 @@ def test_unknown_method_and_scale_are_named_in_the_error():
         make_method("icp", "space")
 
 
+
+def test_s2h_variants_change_config_fields_and_keep_their_name():
+    method = make_method("s2h:matcher=mutual_nn+k=4", "indoor")
+    assert method.name == "s2h:matcher=mutual_nn+k=4"
+    assert (method.config.matcher, method.config.k, method.config.voxel_size) == ("mutual_nn", 4, 0.05)
+    with pytest.raises(ValueError, match="only s2h"):
+        make_method("icp:k=3")
+
+
 def test_method_whose_code_is_missing_fails_when_built_not_at_import(monkeypatch):
     monkeypatch.setitem(METHODS, "ghost", MethodSpec("s2h_ros.no_such_module", "Ghost", ("pairs",), "absent"))
     with pytest.raises(MethodUnavailable, match="method 'ghost' cannot be imported"):

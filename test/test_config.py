@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from s2h_ros.config import ConfigError, OdometryConfig, RegistrationConfig, config_from_dict, describe
+from s2h_ros.config import (
+    ConfigError,
+    OdometryConfig,
+    RegistrationConfig,
+    config_from_dict,
+    describe,
+    parse_overrides,
+)
 from s2h_ros.matching import OUTLIER_RULES
 
 
@@ -43,3 +50,15 @@ def test_outlier_profit_choices_are_the_matching_engine_rules():
         assert RegistrationConfig(outlier_profit=rule).outlier_profit == rule
     with pytest.raises(ConfigError):
         RegistrationConfig(outlier_profit="paper")
+
+
+def test_overrides_text_is_read_with_each_fields_type():
+    values = parse_overrides(RegistrationConfig, "matcher=nn+k=8+temperature=0.05+use_inlier_model=false")
+    assert values == {"matcher": "nn", "k": 8, "temperature": 0.05, "use_inlier_model": False}
+    assert RegistrationConfig().replace(**values).k == 8
+
+
+@pytest.mark.parametrize("text, named", [("kk=3", "kk"), ("k=eight", "k"), ("k", "k"), ("use_inlier_model=maybe", "use_inlier_model")])
+def test_bad_overrides_text_names_the_key(text, named):
+    with pytest.raises(ConfigError, match=named):
+        parse_overrides(RegistrationConfig, text)

@@ -158,6 +158,15 @@ def test_voxel_downsample_keeps_the_lowest_index_per_voxel(samples_dir):
     np.testing.assert_array_equal(idx, g.voxel_downsample(xyz, 0.3))
 
 
+
+def test_voxel_downsample_handles_extents_too_large_for_one_int64_key(rng):
+    pts = rng.uniform(-1e6, 1e6, size=(500, 3))
+    pts[250:] = pts[:250] + 1e-5  # every point shares its 1 mm voxel with one other
+    idx = g.voxel_downsample(pts, 1e-3)  # 2e9 cells per axis: 8e27 keys, the axis-wise path
+    _, first = np.unique(np.floor(pts / 1e-3).astype(np.int64), axis=0, return_index=True)
+    np.testing.assert_array_equal(idx, np.sort(first))
+
+
 @pytest.mark.parametrize("pts, voxel", [(np.zeros((0, 3)), 0.1), (np.full((3, 3), np.nan), 0.1), (np.zeros((3, 3)), 0.0)])
 def test_voxel_downsample_rejects_bad_input(pts, voxel):
     with pytest.raises(ValueError):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import numpy as np
 import pytest
@@ -30,7 +31,8 @@ class Identity:
     name = "identity"
 
     def register(self, source, target) -> MethodResult:
-        return MethodResult(transform=np.eye(4), success=True, timings={"solve": 0.001})
+        return MethodResult(transform=np.eye(4), success=True, timings={"solve": 0.001},
+                            info={"inliers": len(source), "note": "always identity", "matrix": np.eye(2)})
 
 
 class Crashes:
@@ -90,8 +92,10 @@ def pairs(rng) -> list[PointCloudPair]:
 
 def test_measure_sees_native_peak_memory_freed_before_the_block_ends():
     with measure() as m:
-        block = np.ones(40 * 2**20 // 8)  # 40 MiB, touched, then freed
-        del block
+        # Fresh anonymous pages (a numpy array may reuse resident heap after earlier tests).
+        block = mmap.mmap(-1, 40 * 2**20)
+        block.write(b"\1" * len(block))  # 40 MiB, touched, then freed
+        block.close()
     assert m.rss_method in ("vmhwm", "ru_maxrss")
     if m.rss_method == "vmhwm":  # exact peak growth on Linux
         assert 35 < m.peak_rss_mb < 200
@@ -107,6 +111,8 @@ def test_pairs_are_scored_per_method_side_by_side_and_crashes_are_failures(pairs
     assert ident["recall"] == pytest.approx(0.5)  # 1 deg/0.1 m and 2 deg/0.2 m pass; 90 deg and 0.7 m fail
     assert ident["re_mean_deg"] == pytest.approx(1.5) and ident["te_mean_m"] == pytest.approx(0.15)
     assert ident["stage_time_mean_s"] == {"solve": pytest.approx(0.001)}
+    assert ev.records[0]["info"] == {"inliers": 200, "note": "always identity"}  # plain values only
+    assert ident["info_mean"] == {"inliers": pytest.approx(200.0)}
     crash = ev.summary["crashes"]
     assert crash["recall"] == 0 and crash["exceptions"] == len(pairs) and crash["reported_success"] == 0
     assert "solver exploded" in ev.records[1]["error"]

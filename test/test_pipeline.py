@@ -109,3 +109,15 @@ def test_shipped_weights_register_a_held_out_synthetic_pair_by_default():
     result = reg.register(pair.source, pair.target)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert result.success and re < 5.0 and te < 0.6, (result.message, re, te)
+
+
+def test_fpfh_features_use_their_own_s_step_and_register_the_real_kitti_loop_pair():
+    """148 degrees apart: FPFH + S2H registers it with the FPFH temperature (0.02 lost it)."""
+    from s2h_ros.datasets.kitti import kitti_loop_pair
+
+    cfg = RegistrationConfig(features="fpfh")
+    assert cfg.s_step("fpfh") == (cfg.fpfh_temperature, cfg.fpfh_slack_score) != cfg.s_step("fcgf")
+    pair = kitti_loop_pair()
+    result = register(pair.source, pair.target, cfg)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert result.success and re < 5.0 and te < 0.6, (result.message, re, te)

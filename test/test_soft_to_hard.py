@@ -14,6 +14,7 @@ from s2h_ros.matching import (
     s2h_match,
     soft_to_hard,
 )
+from s2h_ros.matching.candidates import GROUP, feature_knn, smallest_k
 
 
 def _planted_features(n: int, n_inliers: int, noise: float, seed: int = 0, dim: int = 16):
@@ -72,6 +73,28 @@ def test_candidate_support_holds_both_nearest_neighbour_directions():
     assert all((i, j) in edges for i, j in enumerate(d.argmin(1).tolist()))
     assert all((i, j) in edges for j, i in enumerate(d.argmin(0).tolist()))
     assert torch.all(rows[1:] >= rows[:-1])
+
+
+
+@pytest.mark.parametrize("n_x, n_y, k", [(700, 1001, 16), (600, 13, 16), (40, GROUP * 16 + 1, 5)])
+def test_candidate_support_equals_brute_force_knn_both_ways(n_x, n_y, k):
+    """The grouped selection (taken for wide rows) and plain topk (narrow ones) are both exact."""
+    g = torch.Generator().manual_seed(n_x)
+    fx, fy = torch.randn(n_x, 8, generator=g), torch.randn(n_y, 8, generator=g)
+    rows, cols = candidate_support(fx, fy, k)
+    d = torch.cdist(fx.double(), fy.double())
+    expected = {(i, j) for i, js in enumerate(d.topk(min(k, n_y), 1, largest=False).indices.tolist()) for j in js}
+    expected |= {(i, j) for j, is_ in enumerate(d.topk(min(k, n_x), 0, largest=False).indices.T.tolist()) for i in is_}
+    assert set(zip(rows.tolist(), cols.tolist())) == expected
+
+
+def test_grouped_smallest_k_matches_topk_values_on_wide_rows():
+    block = torch.rand(64, GROUP * 40, generator=torch.Generator().manual_seed(1))
+    block[:, 5] = 0.0  # a whole column of ties at the minimum
+    values, cols = smallest_k(block, 16)
+    torch.testing.assert_close(values, block.topk(16, 1, largest=False).values)
+    torch.testing.assert_close(torch.gather(block, 1, cols), values)
+    assert feature_knn(block, block, 1)[:, 0].tolist() == list(range(64))
 
 
 def test_candidate_support_rejects_bad_features():

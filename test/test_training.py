@@ -142,7 +142,7 @@ def test_inlier_network_bce_training_lowers_the_loss(pair):
     assert after < before
 
 
-@pytest.mark.parametrize("kind", ["l3", "s2h"])
+@pytest.mark.parametrize("kind", ["l3", "s2h", "sstep"])
 def test_s2h_losses_reach_the_networks_they_train(pair, kind):
     torch.manual_seed(0)
     fcgf = build_fcgf("compact")
@@ -174,6 +174,24 @@ def test_sparse_s2h_losses_equal_the_dense_paper_losses(rng):
     g_sparse = torch.autograd.grad(l1 + l2, P)[0]
     g_dense = torch.autograd.grad(matching_loss(M_st, G) + inlier_count_loss(M_st), P)[0]
     torch.testing.assert_close(g_sparse, g_dense)
+    # S-step-only ablation: the same losses of the soft P (values differ, no hard decision seen)
+    s1, s2 = sparse_s2h_losses(P.reshape(-1), M.reshape(-1) > 0, G.reshape(-1) > 0, int(G.sum()), n_x, n_y, hard=False)
+    assert torch.isclose(s1, matching_loss(P, G)) and torch.isclose(s2, inlier_count_loss(P))
+
+
+def test_s_step_only_training_pairs_source_voxels_with_virtual_points():
+    """sstep's correspondences: rows of P with mass >= 0.5 and their P-weighted mean target point."""
+    from types import SimpleNamespace
+
+    xyz1 = torch.tensor([[0.0, 0, 0], [2.0, 0, 0], [0.0, 4.0, 0]])
+    match = SimpleNamespace(rows=torch.tensor([0, 0, 1, 2]), cols=torch.tensor([0, 1, 2, 0]),
+                            p=torch.tensor([0.3, 0.6, 0.2, 0.9], requires_grad=True))
+    i, virtual, mass = InlierTask._virtual_correspondences(xyz1, match, n_x=3)
+    assert i.tolist() == [0, 2]  # row 1 holds only 0.2
+    torch.testing.assert_close(virtual, torch.tensor([[4.0 / 3.0, 0, 0], [0.0, 0, 0]]))  # off the scan for row 0
+    torch.testing.assert_close(mass, torch.tensor([0.9, 0.9]))
+    virtual[0, 0].backward()
+    assert match.p.grad[0] != 0 and match.p.grad[1] != 0  # L3 reaches P through the virtual points
 
 
 # ------------------------------------------------------------------------------ loop via the CLI

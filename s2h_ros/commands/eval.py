@@ -26,8 +26,9 @@ INDOOR_DATASETS = ("3dmatch", "3dmatch-demo")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--methods", default=None,
-                        help="comma-separated from fpfh_ransac,fpfh_fgr,icp,kiss_icp,s2h "
-                             "(default: every method that applies to the task)")
+                        help="comma-separated from fpfh_ransac,fpfh_fgr,icp,kiss_icp,s2h; "
+                             "s2h:KEY=VALUE+KEY=VALUE is s2h with RegistrationConfig fields changed "
+                             "(e.g. s2h:matcher=nn) (default: every method that applies to the task)")
     parser.add_argument("--task", choices=("pairs", "sequence"), default=None,
                         help="pairs or sequence (default: sequence for kitti/bag, pairs otherwise)")
     parser.add_argument("--root", type=Path, help="KITTI odometry root (or one sequence folder), 3DMatch "
@@ -192,10 +193,12 @@ def load_sequence(args: argparse.Namespace) -> Any:
 
 
 def build_methods(names: list[str], task: str, scale: str, args: argparse.Namespace) -> dict[str, Any]:
-    from s2h_ros.evaluation.methods import METHODS, MethodUnavailable, make_method
+    from s2h_ros.config import ConfigError
+    from s2h_ros.evaluation.methods import METHODS, MethodUnavailable, make_method, split_variant
 
     methods = {}
-    for name in names:
+    for full_name in names:
+        name, _ = split_variant(full_name)
         if name not in METHODS:
             raise SystemExit(f"s2h eval: unknown method {name!r} (choose from {', '.join(METHODS)})")
         if task not in METHODS[name].kinds:
@@ -208,8 +211,8 @@ def build_methods(names: list[str], task: str, scale: str, args: argparse.Namesp
         if name == "kiss_icp" and args.threads is not None:
             overrides["threads"] = args.threads
         try:
-            methods[name] = make_method(name, scale, **overrides)
-        except MethodUnavailable as err:
+            methods[full_name] = make_method(full_name, scale, **overrides)
+        except (MethodUnavailable, ConfigError, ValueError) as err:
             raise SystemExit(f"s2h eval: {err}") from err
     return methods
 

@@ -129,7 +129,18 @@ def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
         "peak_rss_mb_max": float(rss.max()),
         "peak_rss_mb_mean": float(rss.mean()),
         "cuda_peak_mb_max": float(max(cuda)) if cuda else None,
+        "info_mean": _info_means(records),
     }
+
+
+def _info_means(records: list[dict]) -> dict[str, float]:
+    """Mean of every numeric ``info`` entry (e.g. the pipeline's correspondence and inlier counts)."""
+    values: dict[str, list[float]] = {}
+    for r in records:
+        for k, v in r.get("info", {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                values.setdefault(k, []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in values.items()}
 
 
 def run_pair(method: Any, pair: PointCloudPair) -> tuple[np.ndarray, dict]:
@@ -150,6 +161,8 @@ def run_pair(method: Any, pair: PointCloudPair) -> tuple[np.ndarray, dict]:
         "peak_rss_mb": m.peak_rss_mb,
         "rss_method": m.rss_method,
         "cuda_peak_mb": m.cuda_peak_mb,
+        "info": {k: v for k, v in (getattr(result, "info", None) or {}).items()
+                 if isinstance(v, (int, float, str, bool))},
     }
     return T, record
 

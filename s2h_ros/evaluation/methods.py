@@ -84,8 +84,23 @@ METHODS: dict[str, MethodSpec] = {
 }
 
 
+def split_variant(name: str) -> tuple[str, str]:
+    """``"s2h:matcher=nn+k=8"`` -> ``("s2h", "matcher=nn+k=8")``; plain names have an empty variant.
+
+    A variant changes ``RegistrationConfig`` fields of the ``s2h`` method, so ablations run side
+    by side under their own names in one evaluation.
+    """
+    base, _, variant = name.partition(":")
+    return base, variant
+
+
 def make_method(name: str, scale: str = "outdoor", **overrides: Any) -> Any:
-    """Build the method registered as ``name`` with the settings for ``scale``."""
+    """Build the method registered as ``name`` (or an ``s2h:KEY=VALUE+...`` variant) for ``scale``."""
+    name, variant = split_variant(name)
+    if variant:
+        if name != "s2h":
+            raise ValueError(f"only s2h takes KEY=VALUE variants, not {name!r}")
+        overrides["variant"] = variant
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
     if scale not in SCALES:
@@ -103,14 +118,15 @@ class PipelineMethod:
     """The SHM_DGR pipeline (``s2h_ros.pipeline.register``) as a pair method named ``s2h``.
 
     Without an explicit ``config`` it uses the pipeline's defaults with the scale's voxel size
-    (inlier distance 2 x voxel, as DGR) and ``device``. The pipeline reports stage timings in
+    (inlier distance 2 x voxel, as DGR) and ``device``; ``variant`` (``"matcher=nn+k=8"``)
+    changes config fields on top. The pipeline reports stage timings in
     milliseconds; they are converted to seconds like every other method's.
     """
 
     name = "s2h"
 
     def __init__(self, scale: str = "outdoor", config: Any = None, voxel: float | None = None,
-                 device: str | None = None, **_: Any):
+                 device: str | None = None, variant: str = "", **_: Any):
         try:
             pipeline = importlib.import_module("s2h_ros.pipeline")
             self._register = pipeline.register
@@ -123,12 +139,18 @@ class PipelineMethod:
 
             v = voxel if voxel is not None else SCALES[scale]["voxel"]
             config = RegistrationConfig(voxel_size=v, inlier_distance=2.0 * v, device=device or "cpu")
+        if variant:
+            from s2h_ros.config import RegistrationConfig, parse_overrides
+
+            config = config.replace(**parse_overrides(RegistrationConfig, variant))
         self.config = config
+        self.name = f"s2h:{variant}" if variant else "s2h"
 
     def register(self, source: np.ndarray, target: np.ndarray) -> MethodResult:
         r = self._register(source, target, config=self.config)
         return MethodResult(
             transform=np.asarray(r.transform, dtype=np.float64), success=bool(r.success),
             timings={k: v / 1e3 for k, v in r.timings.items() if k != "total"},
-            info={"message": r.message, "inliers": r.num_inliers, "fitness": r.fitness,
-                  "used_fallback": r.used_fallback, "feature_kind": r.feature_kind})
+            info={"message": r.message, "correspondences": len(r.correspondences), "inliers": r.num_inliers,
+                  "inlier_ratio": r.inlier_ratio, "fitness": r.fitness, "used_fallback": r.used_fallback,
+                  "feature_kind": r.feature_kind})

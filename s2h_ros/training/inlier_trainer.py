@@ -8,6 +8,12 @@
   ``L3 = ||R_gt^T R - I|| + ||t_gt - t||``.
 - ``s2h``: the paper's complete loss ``L1 + L2 + L3`` end to end: FCGF is fine-tuned as well,
   its gradient reaching the descriptors through the S-step (the straight-through PPM).
+- ``sstep``: the paper's ablation "S-step only in training, H-step at test time": L1 and L2 score
+  the soft ``P``, and L3 pairs each source voxel whose row of ``P`` holds at least half a unit of
+  mass with its *virtual point* ``sum_j P_ij y_j / sum_j P_ij`` (weight: inlier weight x row mass).
+  The straight-through PPM hands L1/L2 the same gradient as ``P`` does (both are linear in the
+  matrix), so the two runs differ through what L3 and the inlier network see: real scan points
+  paired one-to-one, or virtual points that lie off the scan (supplement, Theorem 1).
 
 With the sparse S2H of ``s2h_match`` the PPM ``M`` and the soft ``P`` live on a candidate edge
 list, so L1 and L2 are evaluated there: with ``M_st = M + P - P.detach()`` (value M, gradient to P)
@@ -34,7 +40,7 @@ from s2h_ros.training.fcgf_trainer import batched_features
 from s2h_ros.training.loop import unwrap
 from s2h_ros.training.validation import nearest_feature, summarize
 
-LOSSES = ("bce", "l3", "s2h")
+LOSSES = ("bce", "l3", "s2h", "sstep")
 
 
 def ground_truth_partner(src: np.ndarray, tgt: np.ndarray, T_gt: np.ndarray, radius: float) -> np.ndarray:
@@ -45,9 +51,12 @@ def ground_truth_partner(src: np.ndarray, tgt: np.ndarray, T_gt: np.ndarray, rad
 
 
 def sparse_s2h_losses(p: torch.Tensor, matched: torch.Tensor, is_gt: torch.Tensor, n_gt: int,
-                      n_x: int, n_y: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(L1, L2)`` on a candidate edge list: ``p (E,)`` soft P, ``matched``/``is_gt (E,)`` bool."""
-    m_st = matched.to(p.dtype) + p - p.detach()
+                      n_x: int, n_y: int, hard: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(L1, L2)`` on a candidate edge list: ``p (E,)`` soft P, ``matched``/``is_gt (E,)`` bool.
+
+    ``hard``: score the straight-through PPM (value M, gradient to P); else the soft P (S-step only).
+    """
+    m_st = matched.to(p.dtype) + p - p.detach() if hard else p
     l1 = -(m_st * is_gt.to(p.dtype)).sum() / max(n_gt, 1)
     l2 = -m_st.sum() / (n_x + n_y)
     return l1, l2
@@ -62,12 +71,13 @@ class InlierTask:
                  registration: RegistrationConfig | None = None) -> None:
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r} (choose from {', '.join(LOSSES)})")
-        if loss == "s2h" and matcher != "s2h":
-            raise ValueError("--loss s2h needs the s2h matcher (L1 and L2 are losses of its PPM)")
+        self.end_to_end = loss in ("s2h", "sstep")  # L1 + L2 + L3, FCGF fine-tuned
+        if self.end_to_end and matcher != "s2h":
+            raise ValueError(f"--loss {loss} needs the s2h matcher (L1 and L2 are losses of its matrices)")
         self.fcgf = fcgf.to(device)
-        self.fcgf.requires_grad_(loss == "s2h")
+        self.fcgf.requires_grad_(self.end_to_end)
         self.nets: dict[str, torch.nn.Module] = {"inlier": inlier.to(device)}
-        if loss == "s2h":
+        if self.end_to_end:
             self.nets["fcgf"] = self.fcgf
         self.voxel, self.device, self.kind, self.matcher = voxel, device, loss, matcher
         self.max_points, self.inlier_distance, self.fcgf_lr = max_points, inlier_distance, fcgf_lr
@@ -86,9 +96,9 @@ class InlierTask:
 
     def _features(self, pair: CachedPair):
         net = self.nets.get("fcgf", self.fcgf)
-        if self.kind != "s2h":
+        if not self.end_to_end:
             self.fcgf.eval()  # frozen: BatchNorm uses its running statistics
-        with torch.set_grad_enabled(self.kind == "s2h" and net.training):
+        with torch.set_grad_enabled(self.end_to_end and net.training):
             return batched_features(net, [pair.source, pair.target], self.voxel, self.device)
 
     def _correspondences(self, f0: torch.Tensor, f1: torch.Tensor):
@@ -114,11 +124,22 @@ class InlierTask:
         pos = torch.searchsorted(m.rows * n_y + m.cols, i * n_y + j)
         return i, j, m.p[pos], m
 
-    def _logits(self, xyz0, xyz1, i, j) -> torch.Tensor:
+    def _logits(self, src: torch.Tensor, tgt: torch.Tensor, xyz0: torch.Tensor, xyz1: torch.Tensor) -> torch.Tensor:
+        """Inlier logits of correspondences ``(src (K, 3), tgt (K, 3))``."""
         net = self.nets["inlier"] if self.nets["inlier"].training else unwrap(self.nets["inlier"])
-        if len(i) == 0:  # nothing matched: one dummy row keeps every rank's backward in step
+        if len(src) == 0:  # nothing matched: one dummy row keeps every rank's backward in step
             return net(xyz0[:1], xyz1[:1], self.voxel)[:0]
-        return net(xyz0[i], xyz1[j], self.voxel)
+        return net(src, tgt, self.voxel)
+
+    @staticmethod
+    def _virtual_correspondences(xyz1: torch.Tensor, match, n_x: int, min_mass: float = 0.5):
+        """``(i (K,), virtual (K, 3), mass (K,))``: source rows of ``P`` with mass >= ``min_mass``
+        and their P-weighted mean target point (differentiable in ``P``)."""
+        p = match.p
+        mass = p.new_zeros(n_x).index_add(0, match.rows, p)
+        virtual = p.new_zeros(n_x, 3).index_add(0, match.rows, p[:, None] * xyz1[match.cols])
+        i = torch.nonzero(mass.detach() >= min_mass)[:, 0]
+        return i, virtual[i] / mass[i, None], mass[i]
 
     # ------------------------------------------------------------------ loss
     def loss(self, pair: CachedPair, rng: np.random.Generator) -> tuple[torch.Tensor, dict[str, float]]:
@@ -127,9 +148,14 @@ class InlierTask:
         pair = CachedPair(self._subsample(pair.source, rng), self._subsample(pair.target, rng), pair.T_gt, pair.name)
         (xyz0, f0), (xyz1, f1) = self._features(pair)
         i, j, p, match = self._correspondences(f0, f1)
-        logits = self._logits(xyz0, xyz1, i, j)
+        if self.kind == "sstep":  # soft correspondences: virtual target points, weighted by row mass
+            i_soft, tgt, mass = self._virtual_correspondences(xyz1, match, len(xyz0))
+            src = xyz0[i_soft]
+        else:
+            src, tgt = xyz0[i], xyz1[j]
+        logits = self._logits(src, tgt.detach(), xyz0, xyz1)
         T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
-        resid = torch.linalg.vector_norm(xyz0[i] @ T[:3, :3].T + T[:3, 3] - xyz1[j], dim=1)
+        resid = torch.linalg.vector_norm(src @ T[:3, :3].T + T[:3, 3] - tgt.detach(), dim=1)
         labels = (resid < self.inlier_distance).float()
         logs = {"inlier_ratio": float(labels.mean()) if len(labels) else 0.0, "matches": float(len(labels))}
         zero = logits.sum() * 0.0
@@ -146,20 +172,22 @@ class InlierTask:
         w = torch.sigmoid(logits)
         if self.kind == "s2h":
             w = w * (1.0 + p - p.detach())
+        elif self.kind == "sstep":
+            w = w * mass
         l3 = zero
         if len(w) >= 3:
-            R, t = weighted_procrustes(xyz0[i], xyz1[j], w)
+            R, t = weighted_procrustes(src, tgt, w)
             l3 = _motion_loss(R, t, T)
         loss = l3
         logs["l3"] = float(l3.detach())
-        if self.kind == "s2h":
+        if self.end_to_end:
             gt = torch.as_tensor(ground_truth_partner(xyz0.detach().cpu().numpy(), xyz1.detach().cpu().numpy(),
                                                       pair.T_gt, self.inlier_distance), device=self.device)
             matched = torch.zeros(match.rows.numel(), dtype=torch.bool, device=self.device)
             keys = match.rows * len(xyz1) + match.cols
             matched[torch.searchsorted(keys, i * len(xyz1) + j)] = True
             l1, l2 = sparse_s2h_losses(match.p, matched, gt[match.rows] == match.cols, int((gt >= 0).sum()),
-                                       len(xyz0), len(xyz1))
+                                       len(xyz0), len(xyz1), hard=self.kind == "s2h")
             loss = l1 + l2 + l3
             logs.update(l1=float(l1.detach()), l2=float(l2.detach()))
         return loss, logs
@@ -174,7 +202,7 @@ class InlierTask:
             pair = CachedPair(self._subsample(pair.source, rng), self._subsample(pair.target, rng), pair.T_gt, pair.name)
             (xyz0, f0), (xyz1, f1) = batched_features(self.fcgf, [pair.source, pair.target], self.voxel, self.device)
             i, j, _, _ = self._correspondences(f0, f1)
-            w = torch.sigmoid(self._logits(xyz0, xyz1, i, j))
+            w = torch.sigmoid(self._logits(xyz0[i], xyz1[j], xyz0, xyz1))
             w = torch.where(w < self.reg.weight_floor, torch.zeros_like(w), w)
             T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
             good = torch.linalg.vector_norm(xyz0[i] @ T[:3, :3].T + T[:3, 3] - xyz1[j], dim=1) < self.inlier_distance
