@@ -129,16 +129,10 @@ def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
     _check_points("points", points)
     if not voxel > 0:
         raise ValueError(f"voxel must be > 0, got {voxel}")
-    cells = np.floor(points[:, :3] / voxel).astype(np.int64)
-    cells -= cells.min(axis=0)
-    extent = cells.max(axis=0) + 1
-    if float(np.prod(extent.astype(np.float64))) < 2.0**62:
-        # One int64 key per cell: a 1-D unique is ~10x faster than ``np.unique(axis=0)``.
-        keys = (cells[:, 0] * extent[1] + cells[:, 1]) * extent[2] + cells[:, 2]
-        _, first = np.unique(keys, return_index=True)
-    else:
-        _, first = np.unique(cells, axis=0, return_index=True)
-    return np.sort(first).astype(np.int64)
+    from s2h_ros.sparse.quantize import sparse_quantize  # the one voxel hashing of the project
+
+    _, first, _ = sparse_quantize(points, voxel)
+    return np.sort(first.cpu().numpy()).astype(np.int64)
 
 
 # -------------------------------------------------------------------------------- metrics

@@ -45,8 +45,12 @@ def coordinate_keys(coords: torch.Tensor, lo: torch.Tensor, extent: torch.Tensor
 
 def unique_rows(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Lexicographically sorted unique rows of (N, K) int64 coordinates and the (N,) inverse index
-    (the same as ``torch.unique(dim=0)``, through 1-D keys, which is much faster)."""
-    lo, extent = _key_frame(coords.min(0).values, coords.max(0).values)
+    (the same as ``torch.unique(dim=0)``, through 1-D keys, which is much faster; rows spanning
+    too many cells for one int64 key take ``torch.unique(dim=0)`` itself)."""
+    lo, hi = coords.min(0).values, coords.max(0).values
+    if _cell_count(hi - lo + 1) >= _KEY_LIMIT:
+        return torch.unique(coords, dim=0, return_inverse=True)
+    lo, extent = _key_frame(lo, hi)
     keys, inverse = torch.unique(coordinate_keys(coords, lo, extent), return_inverse=True)
     digits = []
     for place, size in zip(_radix(extent).tolist(), extent.tolist()):
@@ -54,12 +58,17 @@ def unique_rows(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(digits, 1) + lo, inverse
 
 
-def _key_frame(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    extent = hi - lo + 1
+def _cell_count(extent: torch.Tensor) -> int:
+    """Cells of a box with this extent per axis (exact, as a Python int)."""
     total = 1
     for e in extent.tolist():
         total *= int(e)
-    if total >= _KEY_LIMIT:
+    return total
+
+
+def _key_frame(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    extent = hi - lo + 1
+    if _cell_count(extent) >= _KEY_LIMIT:
         raise ValueError(
             f"sparse coordinates span {extent.tolist()} voxels per axis: too large to hash into int64 keys; "
             "use a larger voxel size or crop the input"
