@@ -130,6 +130,16 @@ def config_from_dict(cls: type, values: dict[str, Any]) -> Any:
     return cls(**values)
 
 
+def parse_bool(text: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case) -> bool; anything else raises ValueError."""
+    value = text.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
 def parse_overrides(cls: type, text: str) -> dict[str, Any]:
     """``"key=value+key=value"`` -> typed values for ``cls``'s fields (the CLI's config variants).
 
@@ -144,12 +154,7 @@ def parse_overrides(cls: type, text: str) -> dict[str, Any]:
             raise ConfigError(f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(types))}")
         kind = types[key]
         try:
-            if kind is bool:
-                if raw.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(raw)
-                out[key] = raw.lower() in ("true", "1")
-            else:
-                out[key] = kind(raw)
+            out[key] = parse_bool(raw) if kind is bool else kind(raw)
         except ValueError:
             raise ConfigError(f"{key}: cannot read {raw!r} as {kind.__name__}") from None
     return out

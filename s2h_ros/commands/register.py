@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from s2h_ros.config import ConfigError, RegistrationConfig, config_from_dict
+from s2h_ros.config import ConfigError, RegistrationConfig, config_from_dict, parse_bool
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +27,10 @@ def config_from_args(args: argparse.Namespace, **defaults) -> RegistrationConfig
 
 
 def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    try:
+        return parse_bool(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
