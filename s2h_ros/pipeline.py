@@ -282,37 +282,48 @@ def fpfh_features(xyz: np.ndarray, voxel: float) -> np.ndarray:
     return f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
 
 
+def s2h_correspondences(feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig,
+                        feature_kind: str = "fcgf"):
+    """S2H matches ``(src_idx (K,), tgt_idx (K,))`` int64, ``P`` on them ``(K,)`` (differentiable in
+    the features: the trainers use it too) and the :class:`MatchResult`, on the features' device.
+
+    Fewer than ``cfg.min_matches``: the H-step again with the authors' constant outlier profit.
+    Weak features (e.g. FPFH) leave P flat and the calibrated rule matches almost nothing; the
+    small constant keeps enough pairs for RANSAC.
+    """
+    from s2h_ros.matching import s2h_match, sparse_outlier_profits, sparse_partial_permutation
+
+    temperature, slack_score = cfg.s_step(feature_kind)
+    m = s2h_match(
+        feat_x,
+        feat_y,
+        k=cfg.k,
+        iters=cfg.sinkhorn_iters,
+        temperature=temperature,
+        slack_score=slack_score,
+        outlier_profit=cfg.outlier_profit,
+        scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
+    )
+    if len(m.src_idx) >= cfg.min_matches:
+        return m.src_idx, m.tgt_idx, m.p_values, m
+    n_x, n_y = len(feat_x), len(feat_y)
+    p = m.p.detach()
+    sx, sy = sparse_outlier_profits(m.rows, m.cols, p, n_x, n_y, "constant", None)
+    src, tgt = sparse_partial_permutation(m.rows, m.cols, p, n_x, n_y, sx, sy)
+    src = torch.as_tensor(src, dtype=torch.long, device=feat_x.device)
+    tgt = torch.as_tensor(tgt, dtype=torch.long, device=feat_x.device)
+    pos = torch.searchsorted(m.rows * n_y + m.cols, src * n_y + tgt)  # edges are sorted and unique
+    return src, tgt, m.p[pos], m
+
+
 def match_features(
     feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig, feature_kind: str = "fcgf"
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Correspondences ``(K, 2)``, their matching probability ``(K,)`` and the candidate count."""
     if cfg.matcher == "s2h":
-        from s2h_ros.matching import s2h_match, sparse_outlier_profits, sparse_partial_permutation
-
-        temperature, slack_score = cfg.s_step(feature_kind)
-        m = s2h_match(
-            feat_x,
-            feat_y,
-            k=cfg.k,
-            iters=cfg.sinkhorn_iters,
-            temperature=temperature,
-            slack_score=slack_score,
-            outlier_profit=cfg.outlier_profit,
-            scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
-        )
-        src, tgt = m.src_idx.cpu().numpy(), m.tgt_idx.cpu().numpy()
-        if len(src) < cfg.min_matches:
-            # Weak features (e.g. FPFH) leave P flat and the calibrated rule matches almost
-            # nothing; the authors' small constant profit keeps enough pairs for RANSAC.
-            n_x, n_y = len(feat_x), len(feat_y)
-            p = m.p.detach()
-            sx, sy = sparse_outlier_profits(m.rows, m.cols, p, n_x, n_y, "constant", None)
-            src, tgt = sparse_partial_permutation(m.rows, m.cols, p, n_x, n_y, sx, sy)
-        pairs = np.stack([np.asarray(src), np.asarray(tgt)], 1).astype(np.int64).reshape(-1, 2)
-        keys = (m.rows * len(feat_y) + m.cols).cpu().numpy()
-        pos = np.searchsorted(keys, pairs[:, 0] * len(feat_y) + pairs[:, 1])
-        probs = m.p.detach().cpu().numpy()[pos] if len(pairs) else np.zeros(0)
-        return pairs, probs.astype(np.float32), int(m.rows.numel())
+        src, tgt, probs, m = s2h_correspondences(feat_x, feat_y, cfg, feature_kind)
+        pairs = torch.stack([src, tgt], 1).cpu().numpy().astype(np.int64)
+        return pairs, probs.detach().cpu().numpy().astype(np.float32), int(m.rows.numel())
     from s2h_ros.matching import feature_knn
 
     # DGR: every source voxel's nearest target voxel in feature space; mutual: kept if reciprocal.

@@ -56,10 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     i = sub.add_parser("inlier", help="train DGR's inlier network (BCE) or the S2H path (L1+L2+L3, L3)")
     _loop_options(i)
-    i.add_argument("--fcgf", type=Path, required=True, help="trained FCGF checkpoint (frozen unless --loss s2h)")
+    i.add_argument("--fcgf", type=Path, required=True, help="trained FCGF checkpoint (frozen unless --loss s2h or sstep)")
     i.add_argument("--loss", choices=("bce", "s2h", "l3", "sstep"), default="l3",
                    help="bce: DGR labels; l3: SHM_DGR motion loss; s2h: L1+L2+L3, FCGF fine-tuned too; "
-                        "sstep: as s2h with L1, L2 on the soft P (the S-step-only ablation)")
+                        "sstep: the S-step-only ablation (L1, L2 on the soft P, L3 on virtual points)")
     i.add_argument("--preset", default="compact", help="inlier network preset (compact, dgr)")
     i.add_argument("--matcher", choices=("s2h", "nn"), default="s2h", help="correspondences fed to the network")
     i.add_argument("--max-points", type=int, default=8000, help="voxels kept per cloud per step")

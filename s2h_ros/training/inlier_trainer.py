@@ -2,8 +2,9 @@
 
 - ``bce``: DGR's classification: label a correspondence (x, y) inlier when
   ``||T_gt x - y|| < inlier_distance``, class-balanced binary cross-entropy on the logits.
-- ``l3``: SHM_DGR as in the paper's supplement: FCGF frozen, S2H correspondences (matched as
-  ``pipeline.match_features`` does: same ``RegistrationConfig``, weak-feature safeguard included)
+- ``l3``: SHM_DGR as in the paper's supplement: FCGF frozen, S2H correspondences (from
+  ``pipeline.s2h_correspondences``, as the pipeline matches: same ``RegistrationConfig``, weak-feature
+  safeguard included)
   weighted by the network, weighted Procrustes, and only the motion loss
   ``L3 = ||R_gt^T R - I|| + ||t_gt - t||``.
 - ``s2h``: the paper's complete loss ``L1 + L2 + L3`` end to end: FCGF is fine-tuned as well,
@@ -107,22 +108,9 @@ class InlierTask:
             j = nearest_feature(f0, f1)
             i = torch.arange(len(j), device=j.device)
             return i, j, torch.ones(len(j), device=f0.device), None
-        from s2h_ros.matching import s2h_match, sparse_outlier_profits, sparse_partial_permutation
+        from s2h_ros.pipeline import s2h_correspondences
 
-        cfg = self.reg
-        m = s2h_match(f0, f1, k=cfg.k, iters=cfg.sinkhorn_iters, temperature=cfg.temperature,
-                      slack_score=cfg.slack_score, outlier_profit=cfg.outlier_profit,
-                      scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale)
-        i, j = m.src_idx, m.tgt_idx
-        n_x, n_y = len(f0), len(f1)
-        if len(i) < cfg.min_matches:  # the pipeline's safeguard for weak features: constant outlier profit
-            p = m.p.detach()
-            sx, sy = sparse_outlier_profits(m.rows, m.cols, p, n_x, n_y, "constant", None)
-            src, tgt = sparse_partial_permutation(m.rows, m.cols, p, n_x, n_y, sx, sy)
-            i = torch.as_tensor(np.asarray(src), dtype=torch.long, device=f0.device)
-            j = torch.as_tensor(np.asarray(tgt), dtype=torch.long, device=f0.device)
-        pos = torch.searchsorted(m.rows * n_y + m.cols, i * n_y + j)
-        return i, j, m.p[pos], m
+        return s2h_correspondences(f0, f1, self.reg)
 
     def _logits(self, src: torch.Tensor, tgt: torch.Tensor, xyz0: torch.Tensor, xyz1: torch.Tensor) -> torch.Tensor:
         """Inlier logits of correspondences ``(src (K, 3), tgt (K, 3))``."""
