@@ -134,14 +134,12 @@ class PipelineMethod:
             raise MethodUnavailable(
                 "method 's2h' needs s2h_ros.pipeline.register(source_xyz, target_xyz, config), "
                 f"which this checkout does not provide ({err})") from err
-        if config is None:
-            from s2h_ros.config import RegistrationConfig
+        from s2h_ros.config import RegistrationConfig, parse_overrides
 
+        if config is None:
             v = voxel if voxel is not None else SCALES[scale]["voxel"]
             config = RegistrationConfig(voxel_size=v, inlier_distance=2.0 * v, device=device or "cpu")
         if variant:
-            from s2h_ros.config import RegistrationConfig, parse_overrides
-
             config = config.replace(**parse_overrides(RegistrationConfig, variant))
         self.config = config
         self.name = f"s2h:{variant}" if variant else "s2h"
