@@ -16,20 +16,22 @@ setup(
     packages=find_packages(include=["s2h_ros", "s2h_ros.*"]),
     package_data={"s2h_ros": ["weights/*.pt", "weights/*.md", "data/**/*"]},
     include_package_data=True,
+    # Ranges only (as requirements.txt): an installed CUDA torch satisfies torch>=2.1 and stays.
     install_requires=[
         "numpy>=1.24,<3",
         "scipy>=1.11",
         "torch>=2.1",
-        "PyYAML>=6",
         "tqdm>=4.65",
         "matplotlib>=3.7",
         "rosbags>=0.10",
     ],
     extras_require={
-        # Open3D: PLY/PCD I/O, FPFH/RANSAC/ICP baselines, ray casting for the simulator.
+        # Open3D (registration's RANSAC/ICP/FPFH, PLY/PCD I/O, the simulator's ray casting):
+        # not a hard requirement because it comes as two distributions of one module, `open3d`
+        # and `open3d-cpu` (requirements.txt); install one of them, never both.
         "open3d": ["open3d>=0.18"],
         "baselines": ["open3d>=0.18", "kiss-icp>=1.0"],
-        "test": ["pytest>=7,<9"],
+        "test": ["pytest>=7,<9", "PyYAML>=6", "kiss-icp>=1.0"],
     },
     entry_points={
         "console_scripts": [

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up of .venv/ at the repository root on Debian 12 / Python 3.11 (root):
 #   1. Debian libraries Open3D needs (libusb-1.0-0), cmake/g++ for the message build;
-#   2. .venv with torch 2.13.0 (CPU), the core dependencies and the ROS 2 Kilted wheels;
+#   2. .venv with torch 2.13.0 (CPU) and open3d-cpu 0.20.0 pinned here (requirements.txt only
+#      bounds them, so a user's CUDA torch survives `pip install -r requirements.txt`), the core
+#      dependencies, the ROS 2 Kilted wheels and the test tools (pytest, kiss-icp, colcon);
 #   3. s2h_ros itself, editable, so the source tree is what runs;
 #   4. rosidl message generation for msg/ (and tf2_msgs/TFMessage where no ROS provides it)
 #      installed into .venv, so `from s2h_ros.msg import RegistrationResult` works unsourced.
@@ -39,12 +41,27 @@ if [ ! -x "$PY" ]; then
   log "creating $VENV"
   python3 -m venv "$VENV"
 fi
-deps_hash=$(hash_of "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt")
+# The exact builds this machine kind runs and CI tests; installed first, so the requirement
+# files (ranges) keep them.
+PINNED=(torch==2.13.0 open3d-cpu==0.20.0)
+REQS=("$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/requirements-test.txt")
+deps_hash=$( { cat "${REQS[@]}"; echo "${PINNED[*]}"; } | sha256sum | cut -c1-16)
 if ! stamp_ok deps "$deps_hash"; then
-  log "pip install (torch CPU, core, ROS 2 Kilted wheels)"
-  quiet_pip install -q -r "$ROOT/requirements.txt" -r "$ROOT/requirements-ros.txt"
-  "$PY" -c "import torch, scipy, open3d, rosbags, rclpy" \
+  log "pip install ${PINNED[*]}"
+  quiet_pip install -q "${PINNED[@]}"
+  log "pip install (core, ROS 2 Kilted wheels, test tools)"
+  req_args=()
+  for r in "${REQS[@]}"; do req_args+=(-r "$r"); done
+  quiet_pip install -q "${req_args[@]}"
+  "$PY" -c "import torch, scipy, open3d, rosbags, rclpy, pytest, colcon_core" \
     || { log "dependency import failed"; exit 1; }
+  "$PY" - "${PINNED[@]}" <<'PYCHECK' || { log "a pinned package was replaced"; exit 1; }
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    assert version(name).split("+")[0] == want, f"{name} {version(name)} != {want}"
+PYCHECK
   stamp_set deps "$deps_hash"
 fi
 
