@@ -1,4 +1,5 @@
-"""Point-cloud file I/O: every format round-trips, the .bin layout rule holds, bad files raise."""
+"""Point-cloud file I/O: every format round-trips, the .bin layout rule holds, bad files raise
+(the bad-input catalogue, through the library and the CLI, is test_bad_input.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +50,7 @@ def test_kitti_bin_n_by_4_round_trips_points_and_reflectance(tmp_path, cloud):
     assert fields.normals is None
 
 
-def test_bin_size_divisible_by_16_and_24_is_decided_by_the_normal_rule(tmp_path, cloud):
+def test_bin_is_n_by_6_only_when_columns_4_to_6_are_normals(tmp_path, cloud):
     points, intensity, normals = (a[:480] for a in cloud)  # 7680 and 11520 bytes: multiples of 48
     as4 = write_points(tmp_path / "raw.bin", points, intensity=intensity)
     as6 = write_points(tmp_path / "normals.bin", points, normals=normals)
@@ -82,8 +83,25 @@ def test_npy_round_trip_and_extra_column_becomes_intensity(tmp_path, cloud):
     fields = read_point_fields(path)
     np.testing.assert_array_equal(fields.points, points)
     np.testing.assert_array_equal(fields.intensity, intensity)
-    np.save(tmp_path / "f64.npy", points.astype(np.float64))
-    assert read_points(tmp_path / "f64.npy").dtype == np.float32
+    np.save(tmp_path / "i16.npy", points.astype(np.int16))
+    assert read_points(tmp_path / "i16.npy").dtype == np.float32
+
+
+@pytest.mark.parametrize("name", ["g.npy", "g.ply", "g.pcd"])
+def test_float64_coordinates_keep_their_precision(tmp_path, name):
+    """Georeferenced (UTM-like) coordinates stay float64: the pipeline centres them before float32."""
+    points = np.array([[500000.123456, 5400000.654321, 312.0625]] * 3) + np.arange(3)[:, None]
+    if name.endswith(".npy"):
+        np.save(tmp_path / name, points)
+    else:
+        import open3d as o3d
+
+        cloud = o3d.t.geometry.PointCloud()
+        cloud.point.positions = o3d.core.Tensor(points)
+        assert o3d.t.io.write_point_cloud(str(tmp_path / name), cloud)
+    read = read_points(tmp_path / name)
+    assert read.dtype == np.float64
+    np.testing.assert_array_equal(read, points)
 
 
 def test_pth_fragment_holding_a_numpy_array_is_read(tmp_path, cloud):
@@ -118,8 +136,17 @@ def test_unknown_extension_and_bag_are_refused(tmp_path):
 
 def test_bin_of_neither_row_width_raises(tmp_path):
     (tmp_path / "bad.bin").write_bytes(np.zeros(5, np.float32).tobytes())  # 20 bytes
-    with pytest.raises(PointCloudFileError, match="neither"):
+    with pytest.raises(PointCloudFileError, match="not a whole number of N x 4 float32 rows"):
         read_points(tmp_path / "bad.bin")
+
+
+def test_explicit_columns_fix_the_bin_layout(tmp_path, cloud):
+    points, intensity, normals = cloud
+    path = write_points(tmp_path / "n.bin", points[:4], normals=normals[:4])  # 96 bytes: 4 x 6 or 6 x 4
+    assert read_points(path).shape == (4, 3)
+    np.testing.assert_array_equal(read_points(path, columns=4)[0], points[0])
+    with pytest.raises(PointCloudFileError, match="4 or 6 float32 columns, not 5"):
+        read_points(path, columns=5)
 
 
 @pytest.mark.parametrize("name,binary", [

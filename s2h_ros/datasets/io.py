@@ -1,28 +1,35 @@
 """Point-cloud files: read and write KITTI ``.bin``, PLY, PCD and NPY (plus 3DMatch ``.pth``).
 
-One entry, :func:`read_points`, returns ``(N, 3) float32`` metres whatever the format;
-:func:`read_point_fields` also returns intensity / normals / colours when the file has them.
-PLY and PCD go through Open3D's tensor I/O (``o3d.t.io``: ASCII, binary and, for PCD, binary
-compressed). Open3D only logs a warning and hands back a half-filled cloud when a PLY body or
-an ASCII PCD body is cut short, so the readers check the header's point count against the body
-themselves (:func:`_check_complete`) and raise instead of returning garbage.
+One entry, :func:`read_points`, returns ``(N, 3)`` metres whatever the format (float32, or
+float64 where the file stores float64 coordinates: georeferenced clouds keep their precision
+until the pipeline centres them); :func:`read_point_fields` also returns intensity / normals /
+colours when the file has them. PLY and PCD go through Open3D's tensor I/O (``o3d.t.io``: ASCII,
+binary and, for PCD, binary compressed). Open3D crashes on a negative element count, logs a
+warning and hands back a half-filled cloud when a body is cut short, and reads an ASCII row of
+text as (0, 0, 0) and a short ASCII row as uninitialised memory, so the readers check the
+header and body themselves first (:func:`_check_complete`) and raise instead.
 
 KITTI ``.bin`` files are headerless float32 rows: raw scans are ``N x 4`` (x, y, z,
-reflectance); the bundled, grid-averaged sample is ``N x 6`` (x, y, z, nx, ny, nz). With
-``columns=None`` the layout is decided by this rule:
+reflectance); the bundled, grid-averaged sample is ``N x 6`` (x, y, z, nx, ny, nz). ``columns=4``
+or ``6`` fixes the layout; with ``columns=None`` the rule (:func:`bin_columns`) is:
 
-* file size divisible by 16 only -> ``N x 4``; by 24 only -> ``N x 6``; by neither -> error;
-* divisible by both (every multiple of 48 bytes): ``N x 6`` when, read that way, at least 99 %
-  of the rows have ``|(c3, c4, c5)| <= 1.001`` (unit or averaged normals), else ``N x 4``. Read
-  as ``N x 6``, a raw scan puts x/y coordinates into those columns, which are rarely all within
-  1 m of the sensor; pass ``columns=4`` or ``6`` when a file defeats the rule.
+* ``N x 6`` only when the file reads as whole 24-byte rows whose columns 4-6 are normals: at
+  least 99 % of them with norm <= 1.001 and a median norm >= 0.9 (unit or grid-averaged
+  normals). A raw scan read that way puts coordinates and reflectance in those columns, which
+  never pass (it would need almost every point on the unit circle around the sensor);
+* else ``N x 4`` when the size is a whole number of 16-byte rows;
+* else an error: a truncated ``N x 4`` file whose size happens to divide by 24 is refused, not
+  read as ``N x 6`` garbage.
 
-Rows whose x, y or z is NaN/inf are dropped (organised PCD files use NaN for "no return"); a
-file left with no point raises.
+Rows whose x, y or z is NaN/inf are dropped and counted (``PointFields.num_non_finite``;
+organised PCD files use NaN for "no return"); a file left with no point raises. Arrays
+(``.npy``, ``.pth``) must be ``(N, >=3)``, one point a row: a ``(3, N)`` array is refused with
+a hint to transpose it (:func:`points_shape_problem`, shared with the pipeline).
 
-Errors: every problem raises :class:`PointCloudFileError`, a ``ValueError`` (bad input, like
-the rest of the library); a missing file raises its subclass :class:`PointCloudFileNotFound`,
-which is also a ``FileNotFoundError``.
+Errors: every problem raises :class:`PointCloudFileError`, a ``ValueError`` naming the file and,
+where it applies, the header line, body line or field; a missing file raises its subclass
+:class:`PointCloudFileNotFound`, which is also a ``FileNotFoundError``. (The pipeline raises
+``RegistrationError`` and the PointCloud2 codec ``PointCloud2Error``: one type per layer.)
 
 ROS bags are sequences, not single clouds: :func:`read_points` refuses ``.mcap``/``.db3`` and
 bag folders and names ``s2h_ros.datasets.rosbag.read_pointcloud_bag`` instead.
@@ -38,7 +45,8 @@ import numpy as np
 POINT_EXTENSIONS = (".bin", ".ply", ".pcd", ".npy", ".pth")
 BAG_EXTENSIONS = (".mcap", ".db3")
 NORMAL_NORM_LIMIT = 1.001  # |normal| bound used to recognise an N x 6 .bin file
-NORMAL_ROW_FRACTION = 0.99
+NORMAL_ROW_FRACTION = 0.99  # share of rows within that bound
+NORMAL_MEDIAN_MIN = 0.9  # and their median norm (bundled sample: 0.9999; 5 % of rows below 0.72)
 
 
 class PointCloudFileError(ValueError):
@@ -49,14 +57,38 @@ class PointCloudFileNotFound(PointCloudFileError, FileNotFoundError):
     """The point-cloud file does not exist."""
 
 
+def points_shape_problem(shape: tuple[int, ...]) -> str | None:
+    """Why an array of ``shape`` is not ``(N, >=3)`` points (one point a row), or None when it is.
+
+    A ``(K, M)`` array with ``3 <= K < M`` has fewer points than coordinates per point: it is
+    taken to be transposed (the ``(3, N)`` layout of column-major tools) and refused with that
+    hint, never silently read as K points nor silently transposed.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2 or shape[1] < 3:
+        return f"expected an (N, 3) array, one point a row (>= 3 columns), got shape {shape}"
+    if 3 <= shape[0] < shape[1]:
+        return (f"got shape {shape}, {shape[0]} points of {shape[1]} coordinates each: points must be rows; "
+                f"this looks transposed, pass its transpose (shape {shape[::-1]})")
+    return None
+
+
+def _coordinate_dtype(dtype: np.dtype) -> type:
+    """float64 for coordinates stored as float64 (or as integers too wide for float32), else float32."""
+    dtype = np.dtype(dtype)
+    wide = dtype == np.float64 or (dtype.kind in "iu" and dtype.itemsize >= 4)
+    return np.float64 if wide else np.float32
+
+
 @dataclass
 class PointFields:
     """A cloud read from a file: positions plus whatever per-point fields the file carries."""
 
-    points: np.ndarray  # (N, 3) float32, metres
+    points: np.ndarray  # (N, 3) metres: float32, or float64 where the file stores float64
     intensity: np.ndarray | None = None  # (N,) float32 (KITTI reflectance, PCD/PLY intensity)
     normals: np.ndarray | None = None  # (N, 3) float32
     colors: np.ndarray | None = None  # (N, 3) float32 in [0, 1]
+    num_non_finite: int = 0  # rows dropped because x, y or z was NaN or infinite
 
     def __len__(self) -> int:
         return len(self.points)
@@ -66,7 +98,7 @@ class PointFields:
 
 
 def read_points(path: str | Path, columns: int | None = None) -> np.ndarray:
-    """Read a point-cloud file into ``(N, 3) float32`` (see the module docstring for formats)."""
+    """Read a point-cloud file into ``(N, 3)`` float32 (float64 where stored so; see the module docstring)."""
     return read_point_fields(path, columns=columns).points
 
 
@@ -100,26 +132,36 @@ def read_point_fields(path: str | Path, columns: int | None = None) -> PointFiel
         ".npy": _read_npy,
         ".pth": _read_pth,
     }[suffix]
-    fields = reader(path, columns) if suffix in (".bin", ".npy", ".pth") else reader(path)
+    try:
+        fields = reader(path, columns) if suffix in (".bin", ".npy", ".pth") else reader(path)
+    except OSError as error:  # permissions, I/O errors: still a file problem, not a crash
+        raise PointCloudFileError(f"cannot read {path}: {error.strerror or error}") from error
     return _drop_nonfinite(fields, path)
 
 
 def bin_columns(path: str | Path) -> int:
-    """Row width (4 or 6 float32) of a KITTI-style ``.bin`` file, by the module's rule."""
+    """Row width (4 or 6 float32) of a KITTI-style ``.bin`` file by the module's rule: 6 only when
+    columns 4-6 read as normals, else 4 when the size allows, else :class:`PointCloudFileError`."""
     path = Path(path)
     size = path.stat().st_size
-    by16, by24 = size % 16 == 0, size % 24 == 0
-    if not (by16 or by24):
-        raise PointCloudFileError(
-            f"{path}: {size} bytes is a whole number of neither N x 4 (16-byte) nor "
-            "N x 6 (24-byte) float32 rows: truncated or not a KITTI .bin file"
-        )
-    if by16 != by24:
-        return 4 if by16 else 6
+    if size % 24 == 0 and _reads_as_normals(path):
+        return 6
+    if size % 16 == 0:
+        return 4
+    why = " and, as N x 6 rows, its columns 4-6 are not normals" if size % 24 == 0 else ""
+    raise PointCloudFileError(
+        f"{path}: {size} bytes is not a whole number of N x 4 float32 rows (16 bytes: x, y, z, "
+        f"reflectance){why}: truncated or not a KITTI .bin file (columns=6 reads x, y, z, normal rows)"
+    )
+
+
+def _reads_as_normals(path: Path) -> bool:
+    """Columns 4-6 of the file read as ``N x 6`` float32 rows are unit or averaged normals."""
     rows = np.fromfile(path, dtype=np.float32).reshape(-1, 6)
     with np.errstate(invalid="ignore", over="ignore"):
         norms = np.linalg.norm(rows[:, 3:].astype(np.float64), axis=1)
-    return 6 if np.mean(norms <= NORMAL_NORM_LIMIT) >= NORMAL_ROW_FRACTION else 4
+    norms[~np.isfinite(norms)] = np.inf
+    return bool(np.mean(norms <= NORMAL_NORM_LIMIT) >= NORMAL_ROW_FRACTION and np.median(norms) >= NORMAL_MEDIAN_MIN)
 
 
 def _read_bin(path: Path, columns: int | None) -> PointFields:
@@ -140,20 +182,20 @@ def _read_bin(path: Path, columns: int | None) -> PointFields:
 
 def _fields_from_array(array: np.ndarray, path: Path, columns: int | None) -> PointFields:
     """``(N, >=3)`` array -> fields: a 4th column is intensity, 6 columns are xyz + normals."""
-    if array.ndim != 2 or array.shape[1] < 3:
-        raise PointCloudFileError(f"{path}: expected an (N, >=3) array, got shape {array.shape}")
-    if not np.issubdtype(array.dtype, np.number):
-        raise PointCloudFileError(f"{path}: expected a numeric array, got dtype {array.dtype}")
+    problem = points_shape_problem(array.shape)
+    if problem:
+        raise PointCloudFileError(f"{path}: {problem}")
+    if array.dtype.kind not in "fiu":
+        raise PointCloudFileError(f"{path}: expected a real-valued numeric array, got dtype {array.dtype}")
     if columns is not None:
         if not 3 <= columns <= array.shape[1]:
             raise PointCloudFileError(f"{path}: columns={columns} but the array has {array.shape[1]}")
         array = array[:, :columns]
-    array = np.asarray(array, dtype=np.float32)
-    fields = PointFields(np.ascontiguousarray(array[:, :3]))
+    fields = PointFields(np.ascontiguousarray(array[:, :3], dtype=_coordinate_dtype(array.dtype)))
     if array.shape[1] == 4:
-        fields.intensity = array[:, 3].copy()
+        fields.intensity = array[:, 3].astype(np.float32)
     elif array.shape[1] == 6:
-        fields.normals = array[:, 3:6].copy()
+        fields.normals = array[:, 3:6].astype(np.float32)
     return fields
 
 
@@ -204,8 +246,9 @@ def _read_open3d(path: Path) -> PointFields:
     colors = attribute("colors")
     if colors is not None and cloud.point.colors.dtype == o3d.core.uint8:
         colors = colors / np.float32(255.0)
+    positions = cloud.point.positions.numpy()
     return PointFields(
-        attribute("positions"),
+        positions.astype(_coordinate_dtype(positions.dtype), copy=False),
         intensity=None if intensity is None else intensity.reshape(-1),
         normals=attribute("normals"),
         colors=colors,
@@ -221,10 +264,12 @@ def _drop_nonfinite(fields: PointFields, path: Path) -> PointFields:
         raise PointCloudFileError(f"{path}: all {n} points are NaN or infinite")
     if keep.all():
         return fields
+
     def take(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else np.ascontiguousarray(a[keep])
 
-    return PointFields(take(fields.points), take(fields.intensity), take(fields.normals), take(fields.colors))
+    return PointFields(take(fields.points), take(fields.intensity), take(fields.normals), take(fields.colors),
+                       num_non_finite=int(n - keep.sum()))
 
 
 # --------------------------------------------------------------- header completeness
@@ -235,7 +280,8 @@ _PLY_SIZES = {"char": 1, "uchar": 1, "int8": 1, "uint8": 1, "short": 2, "ushort"
 
 
 def _check_complete(path: Path) -> None:
-    """Raise when a PLY/PCD body holds fewer points than its header announces."""
+    """Raise unless the PLY/PCD header is sound and the body holds what it announces (every ASCII
+    row a full row of numbers), before Open3D sees the file."""
     with open(path, "rb") as f:
         head = f.read(65536)
     if path.suffix.lower() == ".ply":
@@ -253,61 +299,116 @@ def _header(path: Path, head: bytes, end: re.Pattern) -> tuple[list[str], int]:
     return [line.strip() for line in text.splitlines() if line.strip()], match.end()
 
 
+def _count(path: Path, word: str, line: str) -> int:
+    """A header count: a whole number >= 0, else :class:`PointCloudFileError` quoting the line."""
+    if not word.isdigit():
+        raise PointCloudFileError(f"{path}: header line {line!r}: {word!r} is not a whole number >= 0")
+    return int(word)
+
+
+_PLY_FORMATS = ("ascii", "binary_little_endian", "binary_big_endian")
+
+
 def _check_ply(path: Path, head: bytes) -> None:
     if not head.startswith(b"ply"):
         raise PointCloudFileError(f"{path}: not a PLY file (no 'ply' magic)")
     lines, body_start = _header(path, head, re.compile(rb"end_header\r?\n"))
-    fmt = next((line.split()[1] for line in lines if line.startswith("format")), "")
-    elements: list[list] = []  # [name, count, row size or None when a list property]
+    fmt = next((line.split()[1] for line in lines if line.startswith("format") and len(line.split()) > 1), "")
+    if fmt not in _PLY_FORMATS:
+        raise PointCloudFileError(f"{path}: PLY format {fmt!r} is not one of {', '.join(_PLY_FORMATS)}")
+    body = path.stat().st_size - body_start
+    elements: list[list] = []  # [name, count, row bytes (None with a list property), property names]
     for line in lines:
         words = line.split()
-        if words[0] == "element" and len(words) == 3:
-            elements.append([words[1], int(words[2]), 0])
+        if words[0] == "element":
+            if len(words) != 3:
+                raise PointCloudFileError(f"{path}: header line {line!r}: expected 'element NAME COUNT'")
+            count = _count(path, words[2], line)
+            if count > body:  # every element takes at least one byte
+                raise PointCloudFileError(
+                    f"{path}: header line {line!r} announces {count} elements; the body has {body} bytes")
+            elements.append([words[1], count, 0, []])
         elif words[0] == "property" and elements:
             size = None if words[1] == "list" else _PLY_SIZES.get(words[1])
             elements[-1][2] = None if size is None or elements[-1][2] is None else elements[-1][2] + size
-    vertex = next((e for e in elements if e[0] == "vertex"), None)
-    if vertex is None or vertex[1] == 0:
+            elements[-1][3].append(words[-1])
+    at = next((i for i, e in enumerate(elements) if e[0] == "vertex"), None)
+    if at is None or elements[at][1] == 0:
         raise PointCloudFileError(f"{path}: the PLY header declares no vertices")
-    body = path.stat().st_size - body_start
+    _, n, row_size, names = elements[at]
     if fmt == "ascii":
-        _check_ascii_rows(path, body_start, vertex[1])
-    elif elements[0] is vertex and vertex[2] is not None and body < vertex[1] * vertex[2]:
+        width = len(names) if row_size is not None else None
+        _check_ascii_rows(path, head[:body_start].count(b"\n"), body_start,
+                          sum(e[1] for e in elements[:at]), n, width, names)
+    elif at == 0 and row_size is not None and body < n * row_size:
         raise PointCloudFileError(
-            f"{path}: truncated PLY: {vertex[1]} vertices need {vertex[1] * vertex[2]} bytes, body has {body}"
+            f"{path}: truncated PLY: {n} vertices need {n * row_size} bytes, body has {body}"
         )
 
 
 def _check_pcd(path: Path, head: bytes) -> None:
     lines, body_start = _header(path, head, re.compile(rb"DATA[ \t]+\w+[^\n]*\n"))
     fields = {line.split()[0].upper(): line.split()[1:] for line in lines if not line.startswith("#")}
+    lookup = {line.split()[0].upper(): line for line in lines if not line.startswith("#")}
     try:
-        if "POINTS" in fields:
-            n = int(fields["POINTS"][0])
-        else:
-            n = int(fields["WIDTH"][0]) * int(fields.get("HEIGHT", ["1"])[0])
-        sizes = [int(s) for s in fields["SIZE"]]
-        counts = [int(c) for c in fields.get("COUNT", ["1"] * len(sizes))]
-    except (KeyError, ValueError, IndexError) as error:
-        raise PointCloudFileError(f"{path}: malformed PCD header ({error})") from error
+        names, sizes = fields["FIELDS"], [_count(path, s, lookup["SIZE"]) for s in fields["SIZE"]]
+        counts = [_count(path, c, lookup["COUNT"]) for c in fields["COUNT"]] if "COUNT" in fields else [1] * len(sizes)
+        width = _count(path, fields["WIDTH"][0], lookup["WIDTH"]) if "WIDTH" in fields else None
+        height = _count(path, fields["HEIGHT"][0], lookup["HEIGHT"]) if "HEIGHT" in fields else 1
+        n = _count(path, fields["POINTS"][0], lookup["POINTS"]) if "POINTS" in fields else None
+        data = fields["DATA"][0].lower()
+    except (KeyError, IndexError) as error:
+        raise PointCloudFileError(f"{path}: malformed PCD header (missing {error})") from error
+    if n is None and width is None:
+        raise PointCloudFileError(f"{path}: malformed PCD header (neither POINTS nor WIDTH)")
+    n = width * height if n is None else n
+    if not len(names) == len(sizes) == len(counts) == len(fields.get("TYPE", names)):
+        raise PointCloudFileError(f"{path}: PCD header lists {len(names)} FIELDS but {len(sizes)} SIZE, "
+                                  f"{len(counts)} COUNT and {len(fields.get('TYPE', names))} TYPE values")
+    if width is not None and n != width * height:
+        raise PointCloudFileError(f"{path}: PCD header says POINTS {n} but WIDTH {width} x HEIGHT {height}")
     if n == 0:
         raise PointCloudFileError(f"{path}: the PCD header declares no points")
-    data = fields["DATA"][0].lower()
     if data == "ascii":
-        _check_ascii_rows(path, body_start, n)
+        columns = [f"{name}[{i}]" if c > 1 else name for name, c in zip(names, counts) for i in range(c)]
+        _check_ascii_rows(path, head[:body_start].count(b"\n"), body_start, 0, n, sum(counts), columns)
     elif data == "binary":
         need = n * sum(s * c for s, c in zip(sizes, counts))
         body = path.stat().st_size - body_start
         if body < need:
             raise PointCloudFileError(f"{path}: truncated PCD: {n} points need {need} bytes, body has {body}")
+    elif data != "binary_compressed":
+        raise PointCloudFileError(f"{path}: PCD DATA {data!r} is not ascii, binary or binary_compressed")
 
 
-def _check_ascii_rows(path: Path, body_start: int, n: int) -> None:
+def _check_ascii_rows(path: Path, header_lines: int, body_start: int, skip: int, n: int,
+                      width: int | None, names: list[str]) -> None:
+    """Rows ``skip .. skip + n`` of an ASCII body (blank lines aside) must exist and hold ``width``
+    numbers each (any count when ``width`` is None); else an error quoting the first bad line."""
     with open(path, "rb") as f:
         f.seek(body_start)
-        rows = sum(1 for line in f if line.strip())
-    if rows < n:
-        raise PointCloudFileError(f"{path}: truncated file: header announces {n} points, body has {rows} rows")
+        lines = f.read().split(b"\n")
+    rows = [(number, line) for number, line in enumerate(lines, header_lines + 1) if line.strip()]
+    if len(rows) < skip + n:
+        raise PointCloudFileError(
+            f"{path}: truncated file: header announces {n} points, body has {max(len(rows) - skip, 0)} rows")
+    rows = rows[skip : skip + n]
+    tokens = [line.split() for _, line in rows]
+    try:
+        if width is not None and any(len(t) != width for t in tokens):
+            raise ValueError
+        np.array([w for t in tokens for w in t]).astype(np.float64)
+    except ValueError:
+        for (number, line), words in zip(rows, tokens):
+            try:
+                if width is not None and len(words) != width:
+                    raise ValueError
+                [float(w) for w in words]
+            except ValueError:
+                want = f"{width} numbers ({' '.join(names)})" if width is not None else "numbers"
+                text = line.decode("utf-8", errors="replace").strip()
+                raise PointCloudFileError(f"{path}: line {number}: {text[:80]!r} is not {want}") from None
+        raise PointCloudFileError(f"{path}: the body rows are not all numbers") from None
 
 
 # --------------------------------------------------------------------------- writing

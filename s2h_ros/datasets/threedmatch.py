@@ -123,8 +123,9 @@ class ThreeDMatchScene:
 
     def __getitem__(self, k: int) -> PointCloudPair:
         entry = self.entries[k]
-        source = read_points(fragment_path(self.fragments_dir, entry.j))
-        target = read_points(fragment_path(self.fragments_dir, entry.i))
+        # Indoor fragments in metres near the origin: float32 (PointCloudPair's type) loses nothing.
+        source = read_points(fragment_path(self.fragments_dir, entry.j)).astype(np.float32, copy=False)
+        target = read_points(fragment_path(self.fragments_dir, entry.i)).astype(np.float32, copy=False)
         key = (entry.i, entry.j)
         return PointCloudPair(
             source=source,
@@ -166,8 +167,8 @@ def threedmatch_demo_pair() -> PointCloudPair:
     folder = paths.THREEDMATCH_DEMO_DIR
     T_gt = np.load(folder / "gt.npy", allow_pickle=False).astype(np.float64)
     return PointCloudPair(
-        source=read_points(folder / "src.npy"),
-        target=read_points(folder / "ref.npy"),
+        source=read_points(folder / "src.npy").astype(np.float32),  # stored float64; indoor, near the origin
+        target=read_points(folder / "ref.npy").astype(np.float32),
         T_gt=T_gt,
         name="3dmatch_demo",
         meta={"dataset": "3dmatch", "origin": "GeoTransformer demo data (MIT); 3DMatch, Zeng et al."},
