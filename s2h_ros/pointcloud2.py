@@ -9,6 +9,12 @@ The message's byte layout becomes one numpy structured dtype (named fields at th
 ``(row_step, point_step)``: padding inside a point and at the end of a row costs nothing and no
 per-point Python code runs. Written here because ``sensor_msgs_py`` (ROS's own converter) is not
 on PyPI and ``rosbags`` has no PointCloud2 conversion.
+
+A message is decoded only when it is consistent: every size non-negative, each field inside
+``point_step``, ``row_step >= width * point_step`` and ``len(data) == height * row_step`` (the
+size sensor_msgs/PointCloud2 specifies); anything else raises :class:`PointCloud2Error` naming
+the field. Big-endian data (``is_bigendian``) decode to native values. Coordinates keep float64
+when the message carries FLOAT64 x, y, z (georeferenced clouds); the pipeline centres them.
 """
 from __future__ import annotations
 
@@ -87,22 +93,28 @@ def _buffer(data: Any) -> np.ndarray:
 
 def point_array(msg: Any) -> np.ndarray:
     """``(height, width)`` structured view of the message's points (no copy)."""
-    height, width = int(_attr(msg, "height")), int(_attr(msg, "width"))
-    point_step, row_step = int(_attr(msg, "point_step")), int(_attr(msg, "row_step"))
+    sizes = {}
+    for name in ("height", "width", "point_step", "row_step"):
+        try:
+            sizes[name] = int(_attr(msg, name))
+        except (TypeError, ValueError):
+            raise PointCloud2Error(f"{name} is not an integer: {_attr(msg, name)!r}") from None
+        if sizes[name] < 0:
+            raise PointCloud2Error(f"{name} is {sizes[name]}; expected >= 0")
+    height, width, point_step, row_step = sizes.values()
     dtype = point_dtype(fields_of(msg), point_step, bool(_attr(msg, "is_bigendian")))
     buf = _buffer(_attr(msg, "data"))
     if height == 0 or width == 0:
         return np.empty((height, width), dtype=dtype)
-    if point_step <= 0:
-        raise PointCloud2Error(f"point_step {point_step} for a cloud of {height} x {width} points")
+    if point_step == 0:
+        raise PointCloud2Error(f"point_step 0 for a cloud of {height} x {width} points")
     if row_step < width * point_step:
         raise PointCloud2Error(
             f"row_step {row_step} < width {width} * point_step {point_step}")
-    needed = (height - 1) * row_step + width * point_step
-    if buf.size < needed:
+    if buf.size != height * row_step:
         raise PointCloud2Error(
-            f"data holds {buf.size} bytes; height {height}, width {width}, point_step {point_step}, "
-            f"row_step {row_step} need {needed}")
+            f"data holds {buf.size} bytes; height {height} * row_step {row_step} = {height * row_step} "
+            f"(width {width}, point_step {point_step})")
     return np.ndarray((height, width), dtype=dtype, buffer=buf, strides=(row_step, point_step))
 
 
@@ -154,7 +166,8 @@ def read_points(
 
 
 def _xyz_columns(points: np.ndarray) -> np.ndarray:
-    """``(N, 3) float32`` copy of x, y, z from ``(N,)`` structured points."""
+    """``(N, 3)`` copy of x, y, z from ``(N,)`` structured points: float64 when any of them is
+    FLOAT64, else float32."""
     dt = points.dtype
     x_dtype, x_offset = dt.fields["x"][:2]
     packed = x_dtype.char == "f" and x_dtype.itemsize == 4 and all(
@@ -164,7 +177,8 @@ def _xyz_columns(points: np.ndarray) -> np.ndarray:
                            "itemsize": dt.itemsize})
         raw = np.ascontiguousarray(points.view(triple)["xyz"])
         return raw.view(x_dtype).reshape(-1, 3).astype(np.float32, copy=False)
-    xyz = np.empty((points.shape[0], 3), dtype=np.float32)
+    wide = any(dt.fields[c][0].kind == "f" and dt.fields[c][0].itemsize == 8 for c in XYZ)
+    xyz = np.empty((points.shape[0], 3), dtype=np.float64 if wide else np.float32)
     for i, c in enumerate(XYZ):
         xyz[:, i] = points[c]
     return xyz
@@ -176,7 +190,8 @@ def finite_rows(xyz: np.ndarray) -> np.ndarray:
 
 
 def read_xyz(msg: Any, skip_nans: bool = True) -> tuple[np.ndarray, int]:
-    """``(N, 3) float32`` coordinates and the number of non-finite points dropped."""
+    """``(N, 3)`` coordinates (float32; float64 for FLOAT64 fields) and the number of non-finite
+    points dropped."""
     points = point_array(msg).reshape(-1)
     _check_xyz(points.dtype)
     xyz = _xyz_columns(points)
@@ -186,9 +201,9 @@ def read_xyz(msg: Any, skip_nans: bool = True) -> tuple[np.ndarray, int]:
     kept = int(np.count_nonzero(mask))
     if kept == mask.size:
         return xyz, 0
-    # Select whole 12-byte rows (several times faster than boolean indexing an (N, 3) array).
-    rows = xyz.view(np.dtype((np.void, 12))).reshape(-1)
-    return rows[mask].view(np.float32).reshape(-1, 3), int(mask.size - kept)
+    # Select whole rows as one void item (several times faster than boolean indexing an (N, 3) array).
+    rows = xyz.view(np.dtype((np.void, 3 * xyz.itemsize))).reshape(-1)
+    return rows[mask].view(xyz.dtype).reshape(-1, 3), int(mask.size - kept)
 
 
 def _datatype_of(name: str, array: np.ndarray) -> int:

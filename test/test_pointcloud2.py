@@ -156,15 +156,18 @@ def test_adjacent_xyz_decode_honours_offset_endianness_and_row_padding(rng, bige
     np.testing.assert_array_equal(out, np.delete(xyz, 4, axis=0))
 
 
-def test_float64_coordinates_are_read(rng):
-    xyz = rng.uniform(-1e3, 1e3, size=(20, 3))
+@pytest.mark.parametrize("bigendian", [False, True])
+def test_float64_coordinates_keep_their_precision(rng, bigendian):
+    """Georeferenced clouds (UTM, ~5e6 m) survive decoding to the millimetre: float64 stays float64."""
+    xyz = rng.uniform(-1e3, 1e3, size=(20, 3)) + [500000.0, 5400000.0, 0.0]
+    xyz[7, 2] = np.nan
     layout = [PointFieldLike(c, 8 * i, FLOAT64) for i, c in enumerate("xyz")]
     records = [{"x": p[0], "y": p[1], "z": p[2]} for p in xyz]
-    cloud = pack_cloud(records, layout, point_step=24)
-    out, _ = read_xyz(cloud)
-    assert out.dtype == np.float32
-    np.testing.assert_array_equal(out, xyz.astype(np.float32))
-    exact, _ = read_points(cloud)
+    cloud = pack_cloud(records, layout, point_step=24, bigendian=bigendian)
+    out, dropped = read_xyz(cloud)
+    assert out.dtype == np.float64 and dropped == 1
+    np.testing.assert_array_equal(out, np.delete(xyz, 7, axis=0))
+    exact, _ = read_points(cloud, skip_nans=False)
     assert exact["x"].dtype == np.float64
     np.testing.assert_array_equal(exact["x"], xyz[:, 0])
 
@@ -197,6 +200,10 @@ def _xyz_cloud(**overrides) -> CloudLike:
     ({"fields": [PointFieldLike("x", 0, 9), PointFieldLike("y", 4, FLOAT32), PointFieldLike("z", 8, FLOAT32)]},
      "unsupported datatype 9"),
     ({"row_step": 20}, "row_step 20 < width 4"),
+    ({"data": b"\0" * 60}, r"data holds 60 bytes; height 1 \* row_step 48 = 48"),
+    ({"row_step": 50}, r"data holds 48 bytes; height 1 \* row_step 50 = 50"),
+    ({"width": -4}, "width is -4; expected >= 0"),
+    ({"height": "two"}, "height is not an integer"),
     ({"point_step": 10}, "outside point_step 10"),
     ({"fields": [PointFieldLike("x", 0, FLOAT32), PointFieldLike("x", 4, FLOAT32), PointFieldLike("z", 8, FLOAT32)]},
      "'x' appears twice"),
@@ -299,8 +306,8 @@ def test_rclpy_organized_cloud_with_nans_round_trips(rng):
     assert (back.header.stamp.sec, back.header.stamp.nanosec) == (1_700_000_000, 123_456_789)
     points, dropped = from_msg(back)
     finite = np.isfinite(xyz).all(axis=1)
-    assert dropped == int((~finite).sum())
-    np.testing.assert_array_equal(points, xyz[finite].astype(np.float32))
+    assert dropped == int((~finite).sum()) and points.dtype == np.float64
+    np.testing.assert_array_equal(points, xyz[finite])
     organized, _ = read_points(back, skip_nans=False)
     np.testing.assert_array_equal(organized["x"].reshape(16, 32), xyz[:, 0].reshape(16, 32))
 
