@@ -64,6 +64,19 @@ def apply_transform(T: Array, xyz: Array) -> Array:
     return xyz @ Rt + t[..., None, :]
 
 
+def shift_transform(T: np.ndarray, source_origin: np.ndarray, target_origin: np.ndarray) -> np.ndarray:
+    """``Tr(target_origin) @ T @ Tr(-source_origin)`` in float64: ``T`` between frames centred at
+    those origins, expressed between the uncentred frames (``x_t = T_out x_s`` when
+    ``x_t - target_origin = T (x_s - source_origin)``); pass negated origins for the inverse change.
+
+    Only the translation changes: ``t + target_origin - R source_origin``. Written out rather than
+    as three 4 x 4 products so that origins of 1e6..1e9 m cost no more than float64 rounding.
+    """
+    out = np.array(T, dtype=np.float64)
+    out[:3, 3] += np.asarray(target_origin, np.float64) - out[:3, :3] @ np.asarray(source_origin, np.float64)
+    return out
+
+
 def random_rotation(rng: np.random.Generator, max_angle_deg: float = 180.0) -> np.ndarray:
     """``(3, 3)`` float64 rotation about a uniformly random axis by an angle uniform in [0, max]."""
     axis = rng.normal(size=3)

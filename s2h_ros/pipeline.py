@@ -7,6 +7,21 @@ weighted Procrustes -> safeguard (RANSAC on the correspondences when the weight 
 
 ``Registrar`` holds the networks and a prepared-cloud cache, so a keyframe's features are
 computed once and reused; ``register()`` is the one-call entry of the design contract.
+
+Input checking (:func:`check_cloud`): an array must be ``(N, >=3)``; rows with a NaN/inf
+coordinate are dropped and counted; so are points more than :func:`range_limit` metres from the
+cloud's median along some axis (a stray 1e9 or 1e30 return), and a cloud that is mostly such
+points (random or byte-swapped bytes) is refused. Every refusal is a :class:`RegistrationError`
+(file readers raise ``PointCloudFileError``, the PointCloud2 codec ``PointCloud2Error``).
+
+Georeferenced clouds: each cloud is centred in float64 on its median rounded to
+``ORIGIN_GRID_M`` before anything is cast to float32 (a UTM coordinate of 5e6 m in float32 is
+rounded to 0.5 m); every stage runs on those local coordinates and the transform is carried back
+exactly, ``T = Tr(o_t) T_local Tr(-o_s)`` (:func:`geometry.shift_transform`). Each cloud keeps its
+own origin because a prepared keyframe is registered against many scans and a local scan may be
+registered to a georeferenced map; with ``o_s == o_t`` this is the usual ``Tr(o) T Tr(-o)``.
+Clouds whose median lies within 500 m of the frame origin get origin 0: they are processed
+exactly as they were before centring existed.
 """
 from __future__ import annotations
 
@@ -22,21 +37,39 @@ import torch
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
+from s2h_ros.datasets.io import points_shape_problem
+from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
+
+# Points farther than this from their cloud's median are not measurements: no lidar or depth
+# sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
+# 16384 m to 1 mm or better. Small voxels lower the limit so that FCGF's kernel-map keys fit int64.
+MAX_RANGE_M = 1e4
+ORIGIN_GRID_M = 1000.0  # cloud origins are medians rounded to this: 0 for clouds near the origin
+FLOAT32_STEP_OF_VOXEL = 0.1  # float32 input rounded to steps above this fraction of a voxel is refused
 
 
 class RegistrationError(ValueError):
-    """The input clouds cannot be registered (empty, non-finite, wrong shape)."""
+    """The input clouds cannot be registered: wrong shape or dtype, no finite point, mostly absurd
+    coordinates, float32 coordinates too far out to be precise, too few voxels, a device or weight
+    file that cannot be used. The message names the cloud ("source", "target") and the problem."""
 
 
 @dataclass
 class PreparedCloud:
     """A voxelised cloud with its per-voxel features, reusable across many registrations."""
 
-    xyz: np.ndarray  # (M, 3) float32 voxel representatives, metres
+    xyz: np.ndarray  # (M, 3) float32 voxel representatives, metres, relative to ``origin``
     features: torch.Tensor  # (M, C) float32, L2-normalised, on the config's device
-    num_input_points: int
+    num_input_points: int  # points kept (finite, within range)
     feature_kind: str  # "fcgf" or "fpfh"
     timings: dict[str, float] = field(default_factory=dict)  # ms
+    origin: np.ndarray = field(default_factory=lambda: np.zeros(3))  # (3,) float64: input = xyz + origin
+    num_non_finite: int = 0  # input rows dropped for a NaN/inf coordinate
+    num_out_of_range: int = 0  # input points dropped beyond range_limit() of the median
+
+    def input_frame_xyz(self) -> np.ndarray:
+        """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
+        return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
 
 
 @dataclass
@@ -48,8 +81,8 @@ class RegistrationResult:
     message: str
     correspondences: np.ndarray  # (K, 2) int64: (source voxel index, target voxel index)
     weights: np.ndarray  # (K,) float32 inlier weights used by Procrustes
-    source_xyz: np.ndarray  # (Ns, 3) float32 voxels the indices refer to
-    target_xyz: np.ndarray  # (Nt, 3) float32
+    source_xyz: np.ndarray  # (Ns, 3) voxels the indices refer to, input frame (float64 if centred)
+    target_xyz: np.ndarray  # (Nt, 3)
     num_candidates: int = 0
     num_inliers: int = 0
     inlier_ratio: float = 0.0
@@ -59,6 +92,8 @@ class RegistrationResult:
     feature_kind: str = ""
     inlier_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (K,) within inlier distance
     timings: dict[str, float] = field(default_factory=dict)  # ms per stage, plus "total"
+    # input points dropped: {source,target}_{non_finite,out_of_range} -> count
+    dropped_points: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -76,6 +111,7 @@ class RegistrationResult:
             "used_fallback": self.used_fallback,
             "feature_kind": self.feature_kind,
             "timings_ms": self.timings,
+            "dropped_points": self.dropped_points,
             "correspondences": self.correspondences.tolist(),
             "weights": self.weights.tolist(),
         }
@@ -94,18 +130,68 @@ class _Timer:
         self.ms[name] = self.ms.get(name, 0.0) + 1e3 * (time.perf_counter() - t0)
 
 
-def _check_cloud(name: str, xyz: np.ndarray) -> np.ndarray:
-    """(N, >=3) array-like -> (N', 3) float32 with non-finite rows dropped; clear errors otherwise."""
+def range_limit(voxel: float) -> float:
+    """Metres from a cloud's median (per axis) beyond which points are dropped: ``MAX_RANGE_M``,
+    or less at voxels under about 1.2 cm, where the cloud's span must stay hashable."""
+    return min(MAX_RANGE_M, (max_key_span(3) // 2 - 1) * voxel)
+
+
+@dataclass
+class CheckedCloud:
+    """A cloud after :func:`check_cloud`: float32 coordinates relative to a float64 origin."""
+
+    xyz: np.ndarray  # (N, 3) float32, metres, relative to origin
+    origin: np.ndarray  # (3,) float64
+    num_non_finite: int
+    num_out_of_range: int
+
+
+def check_cloud(name: str, xyz: np.ndarray | torch.Tensor, voxel: float) -> CheckedCloud:
+    """Validate an ``(N, >=3)`` cloud and centre it in float64 (see the module docstring).
+
+    Raises :class:`RegistrationError` naming ``name`` for a wrong shape or dtype, no finite point,
+    a majority of points beyond :func:`range_limit`, or float32 input whose rounding step at the
+    cloud's distance from the frame origin exceeds ``FLOAT32_STEP_OF_VOXEL`` voxels.
+    """
     if isinstance(xyz, torch.Tensor):
         xyz = xyz.detach().cpu().numpy()
     xyz = np.asarray(xyz)
-    if xyz.ndim != 2 or xyz.shape[1] < 3:
-        raise RegistrationError(f"{name} must have shape (N, 3), got {xyz.shape}")
-    xyz = xyz[:, :3].astype(np.float32, copy=False)
+    problem = points_shape_problem(xyz.shape)
+    if problem:
+        raise RegistrationError(f"{name}: {problem}")
+    if xyz.dtype.kind not in "fiu":
+        raise RegistrationError(f"{name}: expected numeric coordinates, got dtype {xyz.dtype}")
+    xyz = xyz[:, :3] if xyz.dtype.kind == "f" else xyz[:, :3].astype(np.float64)
     finite = np.isfinite(xyz).all(axis=1)
-    if not finite.any():
+    num_finite = int(finite.sum())
+    if num_finite == 0:
         raise RegistrationError(f"{name} has no finite points ({len(xyz)} given)")
-    return xyz[finite]
+    if num_finite < len(xyz):
+        xyz = xyz[finite]
+    median = np.median(xyz, axis=0)
+    limit = range_limit(voxel)
+    with np.errstate(over="ignore", invalid="ignore"):
+        near = (np.abs(xyz - median) <= limit).all(axis=1)
+    num_far = int(len(xyz) - near.sum())
+    if 2 * num_far > len(xyz):
+        raise RegistrationError(
+            f"{name}: {num_far} of {len(xyz)} finite points lie more than {limit:g} m from the cloud's "
+            f"median along some axis: not metric coordinates (random, corrupt or byte-swapped data?)"
+        )
+    if num_far:
+        xyz = xyz[near]
+    if xyz.dtype.itemsize < 8:
+        reach = np.abs(xyz).max()
+        step = float(np.spacing(reach))
+        if step > FLOAT32_STEP_OF_VOXEL * voxel:
+            raise RegistrationError(
+                f"{name}: {xyz.dtype} coordinates reach {float(reach):.4g} m, where {xyz.dtype} is rounded to "
+                f"{step:g} m steps (more than {FLOAT32_STEP_OF_VOXEL:g} of the {voxel:g} m voxel): pass float64 "
+                f"coordinates, or coordinates centred near the origin"
+            )
+    origin = np.round(median.astype(np.float64) / ORIGIN_GRID_M) * ORIGIN_GRID_M
+    local = (xyz - origin).astype(np.float32) if origin.any() else xyz.astype(np.float32, copy=False)
+    return CheckedCloud(local, origin, len(finite) - num_finite, num_far)
 
 
 class Registrar:
@@ -122,9 +208,12 @@ class Registrar:
     # ------------------------------------------------------------------ features
     def _load_models(self):
         if self._models is None:
-            from s2h_ros.models.checkpoint import load_registration_models
+            from s2h_ros.models.checkpoint import CheckpointError, load_registration_models
 
-            self._models = load_registration_models(self.config.weights or None, device=self.device)
+            try:
+                self._models = load_registration_models(self.config.weights or None, device=self.device)
+            except (CheckpointError, FileNotFoundError) as err:
+                raise RegistrationError(f"cannot load weights: {err}") from err
         return self._models
 
     def feature_kind(self) -> str:
@@ -140,18 +229,22 @@ class Registrar:
             kind = "fcgf" if fits else "fpfh"
         return kind
 
-    def prepare(self, xyz: np.ndarray) -> PreparedCloud:
-        """Voxelise ``(N, 3)`` points and compute per-voxel features (the expensive, cacheable half)."""
+    def prepare(self, xyz: np.ndarray, name: str = "cloud") -> PreparedCloud:
+        """Voxelise ``(N, 3)`` points and compute per-voxel features (the expensive, cacheable half).
+
+        ``name`` (e.g. "source") starts the messages of the :class:`RegistrationError` it raises."""
         cfg = self.config
         timer = _Timer()
-        points = _check_cloud("cloud", xyz)
+        checked = check_cloud(name, xyz, cfg.voxel_size)
+        points = checked.xyz
         with timer.stage("voxelize"):
             keep = geometry.voxel_downsample(points, cfg.voxel_size)
             if len(keep) > cfg.max_points:
                 keep = np.sort(self._rng.choice(keep, cfg.max_points, replace=False))
             voxels = points[keep]
         if len(voxels) < 3:
-            raise RegistrationError(f"cloud has only {len(voxels)} occupied voxels at {cfg.voxel_size} m")
+            raise RegistrationError(f"{name} has only {len(voxels)} occupied voxels at {cfg.voxel_size} m "
+                                    f"(from {len(points)} points; registration needs 3 or more)")
         kind = self.feature_kind()
         with timer.stage("features", self.device):
             if kind == "fcgf":
@@ -162,7 +255,8 @@ class Registrar:
                 voxels = np.asarray(voxels, dtype=np.float32)
             else:
                 feats = torch.as_tensor(fpfh_features(voxels, cfg.voxel_size), device=self.device)
-        return PreparedCloud(voxels, feats, len(points), kind, timer.ms)
+        return PreparedCloud(voxels, feats, len(points), kind, timer.ms, origin=checked.origin,
+                             num_non_finite=checked.num_non_finite, num_out_of_range=checked.num_out_of_range)
 
     # ------------------------------------------------------------------ registration
     def register(
@@ -175,12 +269,13 @@ class Registrar:
 
         ``init``: a prior transform (e.g. a constant-velocity prediction), the ICP start when
         there are too few correspondences for RANSAC. (``KeyframeOdometry`` also refines from its
-        prior when this global result is not trusted.)
+        prior when this global result is not trusted.) The stages run on the clouds' local
+        coordinates (``PreparedCloud.origin``); ``init`` and the result are in the input frames.
         """
         cfg = self.config
         t_start = time.perf_counter()
-        src = source if isinstance(source, PreparedCloud) else self.prepare(source)
-        tgt = target if isinstance(target, PreparedCloud) else self.prepare(target)
+        src = source if isinstance(source, PreparedCloud) else self.prepare(source, "source")
+        tgt = target if isinstance(target, PreparedCloud) else self.prepare(target, "target")
         timer = _Timer()
         # Stage times of freshly prepared clouds count towards this call; cached ones cost nothing.
         for prepared, given in ((src, source), (tgt, target)):
@@ -213,7 +308,7 @@ class Registrar:
                 if len(pairs) >= 3:
                     T = ransac_on_correspondences(src.xyz, tgt.xyz, pairs, cfg)
                 elif init is not None:
-                    T = np.asarray(init, dtype=np.float64)
+                    T = geometry.shift_transform(init, -src.origin, -tgt.origin)
                 else:
                     message = "fewer than 3 correspondences"
         if cfg.refine == "icp" and not message:
@@ -230,13 +325,13 @@ class Registrar:
             )
         timer.ms["total"] = 1e3 * (time.perf_counter() - t_start)
         result = RegistrationResult(
-            transform=T,
+            transform=geometry.shift_transform(T, src.origin, tgt.origin),
             success=bool(success),
             message=message,
             correspondences=pairs,
             weights=weights.astype(np.float32),
-            source_xyz=src.xyz,
-            target_xyz=tgt.xyz,
+            source_xyz=src.input_frame_xyz(),
+            target_xyz=tgt.input_frame_xyz(),
             num_candidates=int(n_cand),
             num_inliers=int(n_inl),
             inlier_ratio=float(inlier_ratio),
@@ -246,6 +341,10 @@ class Registrar:
             feature_kind=src.feature_kind,
             inlier_mask=inl_mask,
             timings=timer.ms,
+            dropped_points={
+                "source_non_finite": src.num_non_finite, "source_out_of_range": src.num_out_of_range,
+                "target_non_finite": tgt.num_non_finite, "target_out_of_range": tgt.num_out_of_range,
+            },
         )
         return result
 
@@ -260,7 +359,15 @@ class Registrar:
             return probs.astype(np.float32), False
         from s2h_ros.models.inlier import correspondence_weights
 
-        w = correspondence_weights(inlier_net, src_xyz[pairs[:, 0]], tgt_xyz[pairs[:, 1]], cfg.voxel_size, self.device)
+        six = np.hstack([src_xyz[pairs[:, 0]], tgt_xyz[pairs[:, 1]]])
+        extent = (np.ptp(np.floor(six / cfg.voxel_size), axis=0) + 1).astype(np.int64).tolist()
+        if not keys_fit(extent):  # the 6-D kernel-map keys would not fit int64
+            raise RegistrationError(
+                f"the correspondences span {extent} voxels of {cfg.voxel_size:g} m (source x y z, target "
+                f"x y z): too wide for the inlier network's 6-D kernel-map keys; crop the clouds or set "
+                f"use_inlier_model false"
+            )
+        w = correspondence_weights(inlier_net, six[:, :3], six[:, 3:], cfg.voxel_size, self.device)
         w = np.asarray(w, dtype=np.float32)
         w[w < cfg.weight_floor] = 0.0
         return w, True

@@ -55,10 +55,11 @@ def test_unrelated_clouds_are_reported_as_failures_not_transforms(rng):
 
 
 @pytest.mark.parametrize("cloud, match", [
-    (np.zeros((0, 3), np.float32), "no finite points"),
-    (np.full((100, 3), np.nan, np.float32), "no finite points"),
-    (np.zeros((10, 2), np.float32), "shape"),
-    (np.zeros((100, 3), np.float32), "voxels"),
+    (np.zeros((0, 3), np.float32), "source has no finite points"),
+    (np.full((100, 3), np.nan, np.float32), "source has no finite points"),
+    (np.zeros((10, 2), np.float32), r"source: expected an \(N, 3\) array"),
+    (np.zeros((3, 100), np.float32), "looks transposed"),
+    (np.zeros((100, 3), np.float32), "source has only 1 occupied voxels"),
 ])
 def test_bad_clouds_raise_one_clear_error(cloud, match, demo_pair):
     with pytest.raises(RegistrationError, match=match):
@@ -70,6 +71,23 @@ def test_nan_points_are_dropped_not_propagated(demo_pair):
     src[::7] = np.nan
     result = register(src, demo_pair.target, INDOOR)
     assert np.isfinite(result.transform).all() and result.success
+
+
+def test_prepared_clouds_with_different_origins_register_between_their_input_frames(demo_pair):
+    """A keyframe in georeferenced coordinates (centred on its own origin) and a scan near the
+    origin: the transform maps the scan into the keyframe's frame, T = Tr(o) T_at_origin."""
+    reg = Registrar(INDOOR)
+    at_origin = reg.register(demo_pair.source, demo_pair.target)
+    o = np.array([500000.0, 5400000.0, 0.0])
+    keyframe = reg.prepare(demo_pair.target.astype(np.float64) + o)
+    assert np.array_equal(keyframe.origin, o) and np.abs(keyframe.xyz).max() < 10
+    result = reg.register(reg.prepare(demo_pair.source), keyframe)
+    expected = at_origin.transform.copy()
+    expected[:3, 3] += o
+    np.testing.assert_allclose(result.transform, expected, atol=1e-6)
+    assert result.success and result.target_xyz.dtype == np.float64
+    moved = geometry.apply_transform(result.transform, result.source_xyz[result.correspondences[result.inlier_mask, 0]])
+    assert np.abs(moved - result.target_xyz[result.correspondences[result.inlier_mask, 1]]).max() < INDOOR.inlier_distance
 
 
 @pytest.mark.parametrize("matcher", ["nn", "mutual_nn", "s2h"])

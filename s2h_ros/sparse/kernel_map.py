@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 _KEY_LIMIT = 2**62  # keys stay well inside int64
+_KEY_MARGIN = 64  # voxels per axis that kernel offsets at strides up to 8 may add to a cloud's span
 _QUERY_BUDGET = 1 << 22  # rows of (offset, voxel) queries handled at once
 _TABLE_LIMIT = 1 << 22  # largest key range looked up through a dense int32 table (16 MB); above it
 # sorted keys + binary search. Filling a 64 MB table per layer cost more than the search (CPU, KITTI
@@ -56,6 +57,24 @@ def unique_rows(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for place, size in zip(_radix(extent).tolist(), extent.tolist()):
         digits.append(torch.div(keys, place, rounding_mode="floor") % size)
     return torch.stack(digits, 1) + lo, inverse
+
+
+def keys_fit(extent: list[int]) -> bool:
+    """Whether one cloud's coordinates spanning ``extent`` voxels per axis can be hashed by
+    :func:`build_kernel_map` (which raises otherwise): the key box, widened by ``_KEY_MARGIN`` per
+    axis for kernel offsets at coarse strides, must hold fewer than ``_KEY_LIMIT`` cells."""
+    total = 1
+    for e in extent:
+        total *= int(e) + _KEY_MARGIN
+    return total < _KEY_LIMIT
+
+
+def max_key_span(dim: int) -> int:
+    """Largest span, in voxels, that every axis of a ``dim``-D cloud may have with :func:`keys_fit`."""
+    span = int(_KEY_LIMIT ** (1.0 / dim)) + 1
+    while not keys_fit([span - _KEY_MARGIN] * dim):
+        span -= 1
+    return span - _KEY_MARGIN
 
 
 def _cell_count(extent: torch.Tensor) -> int:

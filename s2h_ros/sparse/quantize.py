@@ -9,6 +9,9 @@ import numpy as np
 import torch
 
 
+_GRID_LIMIT = 2.0**61  # |floor(x / voxel)| below this: cell indices and their differences fit int64
+
+
 def as_points(xyz: np.ndarray | torch.Tensor, dim: int | None = None, name: str = "points") -> torch.Tensor:
     """Validate an (N, D) float array/tensor and return it as a float tensor (device kept)."""
     t = torch.as_tensor(xyz)
@@ -36,7 +39,14 @@ def sparse_quantize(
     if not voxel > 0:
         raise ValueError(f"voxel size must be positive, got {voxel}")
     pts = as_points(xyz)
-    grid = torch.floor(pts / voxel).long()
+    scaled = torch.floor(pts / voxel)
+    reach = float(scaled.abs().max())
+    if reach >= _GRID_LIMIT:  # .long() would wrap around and the keys would be garbage
+        raise ValueError(
+            f"coordinates reach {reach * voxel:.3g}, beyond the int64 voxel grid at voxel {voxel} "
+            f"(|x| / voxel must stay below 2^61): centre or crop the cloud"
+        )
+    grid = scaled.long()
     from s2h_ros.sparse.kernel_map import unique_rows
 
     coords, inverse = unique_rows(grid)
