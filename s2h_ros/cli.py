@@ -14,6 +14,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,6 +35,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "pipeline": ("s2h_ros.benchmarks.pipeline", "register() time per stage against FPFH + RANSAC"),
     "replay": ("s2h_ros.benchmarks.replay", "registration_node under a live stream vs KISS-ICP"),
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one stderr line, ``s2h NAME: error: ... (see --help)``, exit 2
+    (argparse itself prints the whole usage block first; ``s2h register`` documents one line)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _available(table: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
@@ -101,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if name == "bench":
         return _run_bench(rest)
     module = importlib.import_module(commands[name][0])
-    parser = argparse.ArgumentParser(prog=f"s2h {name}", description=commands[name][1])
+    parser = _Parser(prog=f"s2h {name}", description=commands[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     return int(module.run(args) or 0)
