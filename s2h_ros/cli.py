@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import NoReturn
+
+from s2h_ros.outputs import json_text, write_json
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -77,19 +78,10 @@ def _run_bench(argv: list[str]) -> int:
     module.add_arguments(p)
     args = parser.parse_args(argv)
     result = module.run(args)
-    text = json.dumps(result, indent=2, default=_json_default)
-    print(text)
+    print(json_text(result))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+        write_json(args.json, result)
     return 0
-
-
-def _json_default(obj):
-    """numpy scalars/arrays and paths in benchmark results."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
 
 
 def main(argv: list[str] | None = None) -> int:

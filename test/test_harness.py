@@ -13,7 +13,8 @@ from s2h_ros.evaluation.harness import chain_odometry, evaluate_pairs, evaluate_
 from s2h_ros.evaluation.methods import MethodResult
 from s2h_ros.evaluation.metrics import THRESHOLDS
 from s2h_ros.evaluation.plots import error_cdfs, trajectories_top_view
-from s2h_ros.evaluation.report import jsonable, pairs_table, sequence_table
+from s2h_ros.evaluation.report import pairs_table, sequence_table
+from s2h_ros.outputs import jsonable
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

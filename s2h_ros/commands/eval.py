@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -237,9 +236,9 @@ class JsonLines:
         self.stream = stream
 
     def __call__(self, record: dict) -> None:
-        from s2h_ros.evaluation.report import jsonable
+        from s2h_ros.outputs import json_text
 
-        self.stream.write(json.dumps(jsonable(record), allow_nan=False) + "\n")
+        self.stream.write(json_text(record, indent=None) + "\n")
         self.stream.flush()
 
 
@@ -257,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
     from s2h_ros.evaluation import plots
     from s2h_ros.evaluation.harness import evaluate_pairs, evaluate_sequence
     from s2h_ros.evaluation.metrics import THRESHOLDS
-    from s2h_ros.evaluation.report import jsonable, pairs_table, sequence_table
+    from s2h_ros.evaluation.report import pairs_table, sequence_table
+    from s2h_ros.outputs import write_json, write_text
 
     if args.threads is not None and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(args.threads)
@@ -298,9 +298,7 @@ def run(args: argparse.Namespace) -> int:
     result["table"] = table
     print(table, end="")
     if args.markdown is not None:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(table)
+        write_text(args.markdown, table)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
+        write_json(args.json, result)
     return 0

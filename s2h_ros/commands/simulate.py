@@ -3,10 +3,11 @@ compare simulated scans with the bundled real KITTI scans (``--compare-kitti``).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
+
+from s2h_ros.outputs import json_text, write_json, write_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
         text = comparison_markdown(result)
         print(text)
         if args.markdown:
-            args.markdown.parent.mkdir(parents=True, exist_ok=True)
-            args.markdown.write_text(text)
-        _write_json(args.json, result)
+            write_text(args.markdown, text)
+        if args.json is not None:
+            write_json(args.json, result)
         return 0
     if args.out is None or (args.frames is None and args.length_m is None):
         raise SystemExit("s2h simulate: give --out DIR and one of --frames N / --length-m L (or --compare-kitti)")
@@ -57,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     summary = {"out": str(args.out), **seq.write_kitti(args.out, progress=True)}
     if args.bag:
         summary["bag"] = str(_write_bag(seq, args.out / "bag"))
-    print(json.dumps(summary, indent=2))
-    _write_json(args.json, summary)
+    print(json_text(summary))
+    if args.json is not None:
+        write_json(args.json, summary)
     return 0
 
 
@@ -70,10 +72,3 @@ def _write_bag(seq, path: Path) -> Path:
         raise SystemExit(f"--bag needs s2h_ros.datasets.rosbag.write_pointcloud_bag, not available: {exc}")
     return write_pointcloud_bag(path, iter(seq), topic="/velodyne_points", frame_id="velodyne", storage="mcap",
                                 tf=seq.poses, overwrite=True)
-
-
-def _write_json(path: Path | None, data: dict) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
-                        + "\n")

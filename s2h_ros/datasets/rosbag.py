@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-from scipy.spatial.transform import Rotation
 
+from s2h_ros import stamps
 from s2h_ros.datasets.types import Scan, ScanList
+from s2h_ros.geometry import matrix_to_pose, transform_to_matrix
 from s2h_ros.pointcloud2 import create_cloud_fields, read_points, read_xyz
 
 POINTCLOUD2 = "sensor_msgs/msg/PointCloud2"
@@ -92,23 +93,6 @@ def _messages(reader: Any, path: Path, topic: str, msgtype: str) -> Iterator[tup
         index += 1
 
 
-def _stamp_ns(stamp: Any) -> int:
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
-
-
-def _seconds(stamp_ns: int) -> float:
-    """Seconds as the nearest float to sec + nanosec (so a writer's float stamp comes back equal)."""
-    return stamp_ns // 1_000_000_000 + (stamp_ns % 1_000_000_000) * 1e-9
-
-
-def transform_to_matrix(translation: Any, rotation: Any) -> np.ndarray:
-    """(4, 4) float64 from geometry_msgs Vector3 + Quaternion (x, y, z, w)."""
-    T = np.eye(4)
-    T[:3, :3] = Rotation.from_quat([rotation.x, rotation.y, rotation.z, rotation.w]).as_matrix()
-    T[:3, 3] = [translation.x, translation.y, translation.z]
-    return T
-
-
 def read_tf_poses(path: str | Path, frame_id: str, tf_topic: str = "/tf") -> dict[int, np.ndarray]:
     """``{stamp ns: (4, 4) pose}`` of every transform on ``tf_topic`` whose child is ``frame_id``."""
     path = Path(path)
@@ -118,7 +102,7 @@ def read_tf_poses(path: str | Path, frame_id: str, tf_topic: str = "/tf") -> dic
         for _, msg in _messages(reader, path, tf_topic, TFMESSAGE):
             for tf in msg.transforms:
                 if tf.child_frame_id.lstrip("/") == frame_id.lstrip("/"):
-                    stamp = _stamp_ns(tf.header.stamp)
+                    stamp = stamps.stamp_ns(tf.header.stamp)
                     poses[stamp] = transform_to_matrix(tf.transform.translation, tf.transform.rotation)
         return poses
     finally:
@@ -140,7 +124,7 @@ def read_pointcloud_bag(
         has_tf = tf_topic is not None and _topics(reader).get(tf_topic) == TFMESSAGE
         poses: dict[int, np.ndarray] | None = None
         for index, (timestamp, msg) in enumerate(_messages(reader, path, topic, POINTCLOUD2)):
-            stamp_ns = _stamp_ns(msg.header.stamp) or int(timestamp)
+            stamp_ns = stamps.stamp_ns(msg.header.stamp) or int(timestamp)
             frame_id = str(msg.header.frame_id)
             if has_tf and poses is None:
                 poses = read_tf_poses(path, frame_id, tf_topic)
@@ -153,15 +137,15 @@ def read_pointcloud_bag(
                 points, _ = read_xyz(msg, skip_nans=skip_nans)
                 intensity = None
             pose = None if poses is None else poses.get(stamp_ns)
-            yield Scan(stamp=_seconds(stamp_ns), points=points, pose=pose, intensity=intensity,
+            yield Scan(stamp=stamps.ns_to_sec(stamp_ns), points=points, pose=pose, intensity=intensity,
                        frame_id=frame_id, index=index)
     finally:
         reader.close()
 
 
 def _time(ts: Any, stamp_ns: int) -> Any:
-    return ts.types["builtin_interfaces/msg/Time"](sec=stamp_ns // 1_000_000_000,
-                                                   nanosec=stamp_ns % 1_000_000_000)
+    sec, nanosec = stamps.split_ns(stamp_ns)
+    return ts.types["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec)
 
 
 def rosbags_cloud(xyz: np.ndarray, extra: dict[str, np.ndarray] | None = None, frame_id: str = "",
@@ -183,8 +167,7 @@ def _tf_msg(ts: Any, pose: np.ndarray, parent: str, child: str, stamp_ns: int) -
     pose = np.asarray(pose, dtype=np.float64)
     if pose.shape != (4, 4) or not np.isfinite(pose).all():
         raise ValueError(f"pose of {child!r} at {stamp_ns} ns must be a finite (4, 4) matrix")
-    q = Rotation.from_matrix(pose[:3, :3]).as_quat()  # x, y, z, w
-    t = pose[:3, 3]
+    t, q = matrix_to_pose(pose)
     transform = ts.types["geometry_msgs/msg/Transform"](
         translation=ts.types["geometry_msgs/msg/Vector3"](x=t[0], y=t[1], z=t[2]),
         rotation=ts.types["geometry_msgs/msg/Quaternion"](x=q[0], y=q[1], z=q[2], w=q[3]))
@@ -231,7 +214,7 @@ def write_pointcloud_bag(
         tf_connection = None
         count = 0
         for i, scan in enumerate(scans):
-            stamp_ns = int(round(float(scan.stamp) * 1e9))
+            stamp_ns = stamps.sec_to_ns(float(scan.stamp))
             frame = frame_id if frame_id is not None else scan.frame_id
             extra = None if scan.intensity is None else {"intensity": np.asarray(scan.intensity, np.float32)}
             msg = rosbags_cloud(scan.points, extra, frame, stamp_ns)

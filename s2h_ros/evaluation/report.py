@@ -1,4 +1,4 @@
-"""Markdown tables and JSON-ready dicts of evaluation results.
+"""Markdown tables of evaluation results (JSON files: s2h_ros.outputs).
 
 Tables use the units papers print: RE in degrees, TE in centimetres, time in seconds (pairs)
 or milliseconds per frame (sequences), drift in % and deg/100 m.
@@ -8,22 +8,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON types: numpy to lists/scalars, NaN/inf to None (JSON has no NaN)."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 2) -> str:
@@ -58,3 +42,28 @@ def sequence_table(summary: dict[str, dict]) -> str:
              _fmt(s["peak_rss_mb"], 1, 0)]
             for name, s in summary.items()]
     return markdown_table(header, rows)
+
+
+def replay_summary(report: dict) -> str:
+    """A few readable lines of a node replay report (``s2h_ros.ros.replay.evaluate_replay``)."""
+    def number(value, unit: str, scale: float = 1.0, digits: int = 2) -> str:
+        text = _fmt(value, scale, digits)
+        return "n/a" if text == "-" else f"{text} {unit}"
+
+    m = report.get("metrics", {})
+    lines = [f"{report.get('method', 's2h')}: {report['scans_published']} scans published, "
+             f"{report['scans_answered']} answered, {report['scans_trusted']} trusted, "
+             f"{report['scans_failed']} not trusted, {report['scans_dropped']} unanswered (dropped)"]
+    if m:
+        drift = (f"{number(m.get('t_err_pct'), '%')}, {number(m.get('r_err_deg_per_100m'), 'deg/100 m', 1, 3)}"
+                 if m.get("segments") else "n/a (drive shorter than KITTI's 100 m segments)")
+        lines.append(f"  path {number(m.get('length_m'), 'm', 1, 1)}, ATE RMSE {number(m.get('ate_rmse_m'), 'm', 1, 3)}, "
+                     f"KITTI drift {drift}")
+    lat, reg = report.get("latency_ms"), report.get("registration_ms")
+    if lat:
+        lines.append(f"  latency publish -> odometry p50 {number(lat['p50'], 'ms', 1, 0)}, p95 {number(lat['p95'], 'ms', 1, 0)}")
+    if reg:
+        lines.append(f"  registration p50 {number(reg['p50'], 'ms', 1, 0)}, p95 {number(reg['p95'], 'ms', 1, 0)}")
+    if report.get("plot"):
+        lines.append(f"  trajectory plot: {report['plot']}")
+    return "\n".join(lines) + "\n"

@@ -10,7 +10,6 @@ default, and ``times.txt``.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from s2h_ros import paths
+from s2h_ros.outputs import write_json
 from s2h_ros.datasets.kitti import velodyne_to_camera, write_poses
 from s2h_ros.datasets.synthetic.primitives import MeshBuilder
 from s2h_ros.datasets.synthetic.scene import SyntheticWorld, add_cars, seeded_rng
@@ -142,7 +142,7 @@ class SyntheticSequence:
         write_kitti_layout(out, it, self.poses, self.stamps, Tr)
         summary = {**self.describe(), "points_per_scan_mean": round(float(np.mean(counts)), 1),
                    "seconds_per_scan_incl_io": round((time.perf_counter() - t0) / len(self), 4)}
-        (out / "simulation.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(out / "simulation.json", summary)
         return summary
 
 
