@@ -57,6 +57,59 @@ def invert_transform(T: Array) -> Array:
     return make_transform(Rt, -(Rt @ t[..., None])[..., 0])
 
 
+def pose_matrix(xyz, quat_xyzw) -> np.ndarray:
+    """Translation ``(3,)`` and quaternion ``(4,)`` [x, y, z, w] -> ``(4, 4)`` float64 transform.
+
+    The quaternion is normalised; a zero or non-finite one raises ValueError.
+    """
+    t = np.asarray(xyz, dtype=np.float64).reshape(-1)
+    q = np.asarray(quat_xyzw, dtype=np.float64).reshape(-1)
+    if t.shape != (3,) or q.shape != (4,):
+        raise ValueError(f"pose needs 3 translation and 4 quaternion values, got {t.size} and {q.size}")
+    norm = float(np.linalg.norm(q)) if np.isfinite(q).all() and np.isfinite(t).all() else float("nan")
+    if not norm > 1e-9:
+        raise ValueError(f"pose must be finite with a non-zero quaternion, got xyz {t.tolist()} quat {q.tolist()}")
+    return make_transform(Rotation.from_quat(q / norm).as_matrix(), t)
+
+
+def matrix_to_pose(T: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(4, 4)`` transform -> translation ``(3,)`` and unit quaternion ``(4,)`` [x, y, z, w]."""
+    T = np.asarray(T, dtype=np.float64)
+    return T[:3, 3].copy(), Rotation.from_matrix(T[:3, :3]).as_quat()
+
+
+def transform_to_matrix(translation, rotation) -> np.ndarray:
+    """``(4, 4)`` from message-like objects: a translation with x, y, z and a quaternion with
+    x, y, z, w (geometry_msgs Vector3/Point + Quaternion, or rosbags' equivalents)."""
+    return pose_matrix((translation.x, translation.y, translation.z), (rotation.x, rotation.y, rotation.z, rotation.w))
+
+
+def skew(v: np.ndarray) -> np.ndarray:
+    """``(3,)`` -> the ``(3, 3)`` matrix of ``v x .``."""
+    return np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
+
+
+def adjoint(T: np.ndarray) -> np.ndarray:
+    """``(6, 6)`` adjoint of a rigid transform for twists ordered as ROS orders them, [v, w]
+    (translation first): ``T exp(xi) = exp(Ad_T xi) T`` and a body twist of a frame rigidly
+    mounted at ``T`` in another is ``Ad_T`` of it there."""
+    T = np.asarray(T, dtype=np.float64)
+    R, t = T[:3, :3], T[:3, 3]
+    A = np.zeros((6, 6))
+    A[:3, :3] = A[3:, 3:] = R
+    A[:3, 3:] = skew(t) @ R
+    return A
+
+
+def covariance_to_ros(cov_left: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """Covariance of a left perturbation ``exp(xi) T`` ([v, w] order) -> the ``(6, 6)`` pose covariance
+    ROS messages carry: position error in the parent frame, rotation about the parent's axes.
+    To first order the position moves by ``rho + phi x p``, so ``J = [[I, -[p]x], [0, I]]``."""
+    J = np.eye(6)
+    J[:3, 3:] = -skew(np.asarray(T, dtype=np.float64)[:3, 3])
+    return J @ cov_left @ J.T
+
+
 def apply_transform(T: Array, xyz: Array) -> Array:
     """``(N, 3)`` points mapped by ``(4, 4)`` ``T`` (or ``(B, N, 3)`` by ``(B, 4, 4)``): ``R x + t``."""
     R, t = T[..., :3, :3], T[..., :3, 3]

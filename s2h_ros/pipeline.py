@@ -67,9 +67,26 @@ class PreparedCloud:
     num_non_finite: int = 0  # input rows dropped for a NaN/inf coordinate
     num_out_of_range: int = 0  # input points dropped beyond range_limit() of the median
 
+    _normals: np.ndarray | None = field(default=None, repr=False)
+    _tree: object = field(default=None, repr=False)
+
     def input_frame_xyz(self) -> np.ndarray:
         """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
         return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
+
+    def normals(self, voxel_size: float) -> np.ndarray:
+        """``(M, 3)`` float64 unit normals of the voxels (Open3D, radius 2 x voxel), computed once."""
+        if self._normals is None:
+            self._normals = estimate_normals(self.xyz, voxel_size)
+        return self._normals
+
+    def kdtree(self):
+        """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""
+        if self._tree is None:
+            from scipy.spatial import cKDTree
+
+            self._tree = cKDTree(self.xyz)
+        return self._tree
 
 
 @dataclass
@@ -92,6 +109,9 @@ class RegistrationResult:
     feature_kind: str = ""
     inlier_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (K,) within inlier distance
     timings: dict[str, float] = field(default_factory=dict)  # ms per stage, plus "total"
+    # (6, 6) covariance of the transform's left perturbation [translation, rotation] in the target
+    # frame (point-to-plane normal equations at the result, scaled by the residual variance).
+    covariance: np.ndarray | None = None
     # input points dropped: {source,target}_{non_finite,out_of_range} -> count
     dropped_points: dict[str, int] = field(default_factory=dict)
 
@@ -313,18 +333,49 @@ class Registrar:
                     message = "fewer than 3 correspondences"
         if cfg.refine == "icp" and not message:
             with timer.stage("refine"):
-                T = refine_icp(src.xyz, tgt.xyz, T, cfg)
+                T = refine_icp(src.xyz, tgt.xyz, T, cfg, tgt.normals(cfg.voxel_size))
+        result = self._verified_result(src, tgt, T, pairs, weights, timer, message=message)
+        result.num_candidates, result.weight_sum, result.used_fallback = int(n_cand), weight_sum, used_fallback
+        result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
+        return result
+
+    def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,
+               correspondences: np.ndarray | None = None) -> RegistrationResult:
+        """Local refinement only: ICP from ``init`` (input frames, e.g. a motion prior), then the
+        same verification as ``register``; ``correspondences`` (K, 2), e.g. of a failed global
+        registration, are counted as inliers or not but not required (``min_inliers``)."""
+        cfg = self.config
+        t_start = time.perf_counter()
+        timer = _Timer()
+        pairs = np.zeros((0, 2), np.int64) if correspondences is None else correspondences
+        with timer.stage("refine"):
+            T = refine_icp(source.xyz, target.xyz, geometry.shift_transform(init, -source.origin, -target.origin),
+                           cfg, target.normals(cfg.voxel_size))
+        result = self._verified_result(source, target, T, pairs, np.ones(len(pairs), np.float32), timer,
+                                       require_inliers=False)
+        result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
+        return result
+
+    def _verified_result(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarray,
+                         weights: np.ndarray, timer: _Timer, message: str = "",
+                         require_inliers: bool = True) -> RegistrationResult:
+        """The success test of a transform ``T`` between the clouds' local frames, its covariance,
+        and the result in the input frames."""
+        cfg = self.config
         with timer.stage("verify"):
-            n_inl, inl_mask, fitness = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance)
+            n_inl, inl_mask, fitness = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.kdtree())
+            # Left perturbations in the target's local frame -> its input frame: Ad of Tr(origin).
+            Ad = geometry.adjoint(geometry.shift_transform(np.eye(4), np.zeros(3), tgt.origin))
+            covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg) @ Ad.T
         inlier_ratio = n_inl / max(len(pairs), 1)
-        success = not message and n_inl >= cfg.min_inliers and fitness >= cfg.min_fitness
+        enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
+        success = not message and enough_inliers and fitness >= cfg.min_fitness
         if not success and not message:
             message = (
                 f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
                 f"fitness {fitness:.2f} (need {cfg.min_fitness:.2f})"
             )
-        timer.ms["total"] = 1e3 * (time.perf_counter() - t_start)
-        result = RegistrationResult(
+        return RegistrationResult(
             transform=geometry.shift_transform(T, src.origin, tgt.origin),
             success=bool(success),
             message=message,
@@ -332,12 +383,9 @@ class Registrar:
             weights=weights.astype(np.float32),
             source_xyz=src.input_frame_xyz(),
             target_xyz=tgt.input_frame_xyz(),
-            num_candidates=int(n_cand),
             num_inliers=int(n_inl),
             inlier_ratio=float(inlier_ratio),
             fitness=float(fitness),
-            weight_sum=weight_sum,
-            used_fallback=used_fallback,
             feature_kind=src.feature_kind,
             inlier_mask=inl_mask,
             timings=timer.ms,
@@ -345,8 +393,8 @@ class Registrar:
                 "source_non_finite": src.num_non_finite, "source_out_of_range": src.num_out_of_range,
                 "target_non_finite": tgt.num_non_finite, "target_out_of_range": tgt.num_out_of_range,
             },
+            covariance=covariance,
         )
-        return result
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
         """DGR's learned weights when available (True), else the S-step probabilities (False)."""
@@ -467,14 +515,26 @@ def ransac_on_correspondences(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarra
     return np.asarray(res.transformation, dtype=np.float64)
 
 
-def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
-    """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds (Open3D)."""
+def estimate_normals(xyz: np.ndarray, voxel: float) -> np.ndarray:
+    """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels (Open3D, radius 2 x voxel, 30 neighbours)."""
+    import open3d as o3d
+
+    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(xyz.astype(np.float64)))
+    pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
+    return np.asarray(pcd.normals)
+
+
+def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig,
+               tgt_normals: np.ndarray | None = None) -> np.ndarray:
+    """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds (Open3D); the target's
+    ``(M, 3)`` normals are estimated here unless given (a keyframe's are computed once)."""
     import open3d as o3d
 
     reg = o3d.pipelines.registration
     ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
     pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
-    pt.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * cfg.voxel_size, max_nn=30))
+    normals = estimate_normals(tgt, cfg.voxel_size) if tgt_normals is None else tgt_normals
+    pt.normals = o3d.utility.Vector3dVector(np.asarray(normals, dtype=np.float64))
     loss = reg.TukeyLoss(k=cfg.voxel_size)
     res = reg.registration_icp(
         ps,
@@ -488,9 +548,10 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
 
 
 def verify(
-    src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float
+    src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float, tgt_tree=None
 ) -> tuple[int, np.ndarray, float]:
-    """Inlier correspondences, their mask and the cloud fitness of ``T``."""
+    """Inlier correspondences, their mask and the cloud fitness of ``T`` (``tgt_tree``: a cKDTree
+    of ``tgt`` when one exists)."""
     from scipy.spatial import cKDTree
 
     moved = geometry.apply_transform(T, src.astype(np.float64))
@@ -498,9 +559,33 @@ def verify(
         mask = np.linalg.norm(moved[pairs[:, 0]] - tgt[pairs[:, 1]], axis=1) < dist
     else:
         mask = np.zeros(0, bool)
-    nn_dist, _ = cKDTree(tgt).query(moved, distance_upper_bound=dist)
+    nn_dist, _ = (tgt_tree if tgt_tree is not None else cKDTree(tgt)).query(moved, distance_upper_bound=dist)
     fitness = float(np.mean(np.isfinite(nn_dist)))
     return int(mask.sum()), mask, fitness
+
+
+def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
+    """``(6, 6)`` covariance of ``T`` from the point-to-plane normal equations at the result.
+
+    Each source voxel with a target voxel within ``inlier_distance`` gives a residual
+    ``r = n . (T p - q)`` and, for a left perturbation ``exp(xi) T`` with xi = [rho, phi],
+    the Jacobian row ``[n, (T p) x n]``. With ``H = J^T J`` and the residual variance
+    ``s2 = sum r^2 / (m - 6)`` the covariance is ``s2 H^-1`` (Gauss-Newton); directions the
+    geometry does not constrain (``H`` eigenvalues below 1e-9 of the largest) get the variance
+    of that floor, not infinity, so the matrix stays finite and symmetric.
+    """
+    moved = geometry.apply_transform(T, src.astype(np.float64))
+    dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance)
+    ok = np.isfinite(dist)
+    if ok.sum() < 7:
+        return np.diag([1e6] * 6)
+    p, n = moved[ok], target.normals(cfg.voxel_size)[idx[ok]]
+    r = np.einsum("ij,ij->i", n, p - target.xyz[idx[ok]])
+    J = np.hstack([n, np.cross(p, n)])
+    lam, V = np.linalg.eigh(J.T @ J)
+    lam = np.maximum(lam, 1e-9 * max(float(lam[-1]), 1e-12))
+    s2 = float(r @ r) / (len(r) - 6)
+    return (V * (s2 / lam)) @ V.T
 
 
 # ---------------------------------------------------------------------------- entry point
