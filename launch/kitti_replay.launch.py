@@ -1,6 +1,10 @@
-"""Replay a KITTI-layout sequence through registration_node and evaluate it.
+"""Replay a KITTI-layout sequence through registration_node and evaluate it, with RViz.
 
     ros2 launch s2h_ros kitti_replay.launch.py sequence_dir:=DIR [sequence:=00] [rate:=10.0] [rviz:=false]
+
+kitti_replay waits until registration_node subscribes before its first scan, publishes /clock
+(both nodes use sim time, config/kitti.yaml) and base_link -> velodyne on /tf_static, so RViz with
+fixed frame odom shows the clouds under the node's odom -> base_link.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
@@ -21,7 +25,7 @@ def generate_launch_description():
         DeclareLaunchArgument("rate", default_value="10.0", description="scans per second (0: lock-step)"),
         DeclareLaunchArgument("output_dir", default_value="results/replay", description="metrics and plot"),
         DeclareLaunchArgument("config", default_value=kitti, description="parameter file for both nodes"),
-        DeclareLaunchArgument("rviz", default_value="false", description="start RViz"),
+        DeclareLaunchArgument("rviz", default_value="true", description="start RViz"),
         Node(
             package="s2h_ros",
             executable="registration_node",

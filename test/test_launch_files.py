@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from s2h_ros.config import OdometryConfig, RegistrationConfig, describe
-from s2h_ros.ros.kitti_replay import PARAMETERS as REPLAY_PARAMETERS
-from s2h_ros.ros.parameters import NODE_PARAMETERS
+from s2h_ros.ros.parameters import NODE_PARAMETERS, REPLAY_PARAMETERS
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
@@ -24,12 +23,12 @@ BUILTIN = {"use_sim_time"}  # declared by every rclpy node
 
 def declared(node: str) -> set[str]:
     if node == "registration_node":
-        names = set(NODE_PARAMETERS)
+        names = {spec.name for spec in NODE_PARAMETERS}
         names |= {f"registration.{f[0]}" for f in describe(RegistrationConfig)}
         names |= {f"odometry.{f[0]}" for f in describe(OdometryConfig)}
         return names | BUILTIN
     if node == "kitti_replay":
-        return set(REPLAY_PARAMETERS) | BUILTIN
+        return {spec.name for spec in REPLAY_PARAMETERS} | BUILTIN
     raise AssertionError(f"no parameter list for node {node}")
 
 
@@ -117,7 +116,7 @@ def test_config_file_parameters_are_declared_by_their_node(name):
 
 def test_register_yaml_holds_exactly_the_library_defaults():
     params = flatten(yaml.safe_load((ROOT / "config" / "register.yaml").read_text())["registration_node"]["ros__parameters"])
-    expected = {n: d for n, (d, _, _) in NODE_PARAMETERS.items()}
+    expected = {spec.name: spec.default for spec in NODE_PARAMETERS}
     expected |= {f"registration.{n}": d for n, _, d, _, _ in describe(RegistrationConfig)}
     expected |= {f"odometry.{n}": d for n, _, d, _, _ in describe(OdometryConfig)}
     assert params == expected
@@ -126,5 +125,7 @@ def test_register_yaml_holds_exactly_the_library_defaults():
 def test_rviz_config_shows_cloud_markers_and_path_of_the_node():
     rviz = yaml.safe_load((ROOT / "rviz" / "s2h.rviz").read_text())
     topics = {d.get("Topic", {}).get("Value") for d in rviz["Visualization Manager"]["Displays"]}
-    assert {"/points", "/registration_node/correspondences", "/registration_node/path"} <= topics
-    assert rviz["Visualization Manager"]["Global Options"]["Fixed Frame"] == NODE_PARAMETERS["odom_frame"][0]
+    assert {"/points", "/registration_node/correspondences", "/registration_node/path",
+            "/registration_node/keyframe_cloud"} <= topics
+    odom_frame = next(spec.default for spec in NODE_PARAMETERS if spec.name == "odom_frame")
+    assert rviz["Visualization Manager"]["Global Options"]["Fixed Frame"] == odom_frame

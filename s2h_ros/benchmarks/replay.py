@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> dict:
 
         threading.Thread(target=sample, daemon=True).start()
         rclpy.init(args=[])
-        node = SequenceReplayer(sequence, topic="points", name="bench_replay")
+        node = SequenceReplayer(sequence, name="bench_replay", topic="points")
         executor = MultiThreadedExecutor(num_threads=2)
         executor.add_node(node)
         threading.Thread(target=executor.spin, daemon=True).start()

@@ -51,6 +51,8 @@ def _load_sequence(args: argparse.Namespace):
 
 
 def node_command(params_files: list[Path], overrides: list[str]) -> list[str]:
+    """registration_node with config/register.yaml, config/kitti.yaml, then ``params_files`` and
+    ``-p`` ``overrides``."""
     from s2h_ros.paths import config_dir
 
     cmd = [sys.executable, "-m", "s2h_ros.ros.registration_node", "--ros-args"]
@@ -62,12 +64,14 @@ def node_command(params_files: list[Path], overrides: list[str]) -> list[str]:
 
 
 @contextmanager
-def registration_node_process(log_path: Path, params_files: list[Path] = (), overrides: list[str] = ()):
-    """registration_node as its own process (output to ``log_path``), stopped with SIGINT on exit."""
+def registration_node_process(log_path: Path, params_files: list[Path] = (), overrides: list[str] = (),
+                              env: dict[str, str] | None = None):
+    """registration_node as its own process (output to ``log_path``; environment ``env``, default
+    this process's), stopped with SIGINT on exit."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(node_command(list(params_files), list(overrides)), stdout=log,
-                                stderr=subprocess.STDOUT, env=dict(os.environ))
+                                stderr=subprocess.STDOUT, env=dict(os.environ) if env is None else env)
         try:
             yield proc
         finally:
@@ -94,12 +98,11 @@ def run(args: argparse.Namespace) -> int:
     with registration_node_process(log_path, args.params_file, args.param) as node_proc:
         print(f"started registration_node (pid {node_proc.pid}), log: {log_path}")
         rclpy.init(args=[])
-        node = SequenceReplayer(sequence, topic="points", frame_id=getattr(sequence[0], "frame_id", "velodyne"))
-        values = {"discovery_timeout": args.discovery_timeout, "node_name": "registration_node", "topic": "points",
-                  "end": -1 if args.frames < 0 else args.start + args.frames, "start": args.start,
-                  "rate": args.rate, "output_dir": str(args.out),
-                  "sensor_to_base": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]}
-        code = run_replay(node, sequence, values)
+        end = -1 if args.frames < 0 else args.start + args.frames
+        node = SequenceReplayer(sequence, topic="points", frame_id=getattr(sequence[0], "frame_id", "velodyne"),
+                                discovery_timeout=args.discovery_timeout, end=end, start=args.start,
+                                rate=args.rate, output_dir=str(args.out))
+        code = run_replay(node)
     if node_proc.returncode not in (0, -signal.SIGINT):
-        print(f"registration_node exited with {node_proc.returncode}; see {log_path}")
+        print(f"registration_node exited with {node_proc.returncode}; see {log_path}", file=sys.stderr)
     return code

@@ -1,77 +1,57 @@
 """kitti_replay: publish a KITTI-layout sequence (real or from `s2h simulate`) into
-registration_node and write the sequence metrics and a trajectory plot when it ends."""
+registration_node and write the sequence metrics and a trajectory plot when it ends.
+
+    ros2 run s2h_ros kitti_replay --ros-args --params-file config/kitti.yaml -p sequence_dir:=DIR [-p sequence:=00]
+
+Its parameters (s2h_ros.ros.parameters.REPLAY_PARAMETERS) are declared on this node, named
+``kitti_replay``, so a parameter file's ``kitti_replay:`` section and ``ros2 param`` reach them.
+"""
 from __future__ import annotations
 
 import sys
 import threading
 
 import rclpy
-from rclpy.executors import MultiThreadedExecutor
-from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 
-from s2h_ros.ros import messages
+from s2h_ros.config import ConfigError
 from s2h_ros.ros.replay import SequenceReplayer, evaluate_replay
-
-PARAMETERS = {
-    "sequence_dir": ("", "KITTI odometry root (with sequence) or one sequence folder (velodyne/, poses.txt, calib.txt)"),
-    "sequence": ("", "sequence id under sequence_dir/sequences (empty: sequence_dir is one sequence)"),
-    "rate": (10.0, "scans per second; 0: lock-step (next scan when the node has answered)"),
-    "start": (0, "first frame"),
-    "end": (-1, "one past the last frame (-1: all)"),
-    "topic": ("points", "PointCloud2 topic to publish"),
-    "frame_id": ("velodyne", "frame of the published clouds"),
-    "reliable": (True, "publish with reliable QoS (else sensor-data QoS)"),
-    "node_name": ("registration_node", "name of the registration node to listen to"),
-    "output_dir": ("results/replay", "where metrics.json, trajectory.png and poses go"),
-    "sensor_to_base": ([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], "same as registration_node's: [x, y, z, qx, qy, qz, qw]"),
-    "discovery_timeout": (60.0, "seconds to wait for registration_node to appear"),
-}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from s2h_ros.datasets.kitti import KittiSequence
-
     rclpy.init(args=argv if argv is not None else sys.argv)
-    probe = rclpy.create_node("kitti_replay_params")
-    values = {}
-    for name, (default, text) in PARAMETERS.items():
-        values[name] = probe.declare_parameter(name, default, ParameterDescriptor(description=text)).value
-    probe.destroy_node()
-    if not values["sequence_dir"]:
-        print("kitti_replay: parameter sequence_dir is required", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
     try:
-        sequence = KittiSequence(values["sequence_dir"], values["sequence"] or None)
-    except (OSError, ValueError) as exc:
-        print(f"kitti_replay: cannot read {values['sequence_dir']}: {exc}", file=sys.stderr)
+        node = SequenceReplayer()
+    except ConfigError as exc:
+        print(f"kitti_replay: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    node = SequenceReplayer(sequence, topic=values["topic"], frame_id=values["frame_id"],
-                            node_name=values["node_name"], reliable=values["reliable"])
-    return run_replay(node, sequence, values)
+    return run_replay(node)
 
 
-def run_replay(node: SequenceReplayer, sequence, values: dict) -> int:
-    """Spin ``node`` in the background, replay, evaluate, print the metrics; shuts rclpy down."""
+def run_replay(node: SequenceReplayer) -> int:
+    """Spin ``node`` in the background, replay, evaluate, print a summary; shuts rclpy down."""
+    from s2h_ros.evaluation.report import replay_summary
+
+    settings = node.settings
     executor = MultiThreadedExecutor(num_threads=2)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
     try:
-        if not node.wait_for_subscriber(values["discovery_timeout"]):
-            node.get_logger().error(f"no {values['node_name']} subscribed to {values['topic']}")
+        if not node.wait_for_subscriber(settings["discovery_timeout"]):
+            node.get_logger().error(f"no {settings['node_name']} subscribed to {settings['topic']}")
             return 1
-        end = None if values["end"] < 0 else values["end"]
-        n = (end if end is not None else len(sequence)) - values["start"]
-        node.get_logger().info(f"replaying {n} scans at {values['rate'] or 'lock-step'} Hz")
-        node.run(rate=values["rate"], start=values["start"], end=end)
-        report = evaluate_replay(sequence, node.record, values["output_dir"],
-                                 messages.xyzquat_to_matrix(values["sensor_to_base"]))
-        import json
-
-        print(json.dumps(report, indent=2, default=float))
+        end = None if settings["end"] < 0 else settings["end"]
+        n = (end if end is not None else len(node.sequence)) - settings["start"]
+        node.get_logger().info(f"replaying {n} scans at {settings['rate'] or 'lock-step'} Hz")
+        node.run(rate=settings["rate"], start=settings["start"], end=end)
+        report = evaluate_replay(node.sequence, node.record, settings["output_dir"], node.sensor_to_base)
+        print(replay_summary(report), end="")
+        print(f"metrics: {settings['output_dir']}/metrics.json")
         return 0
+    except (KeyboardInterrupt, ExternalShutdownException):
+        return 130
     finally:
         executor.shutdown()
         node.destroy_node()

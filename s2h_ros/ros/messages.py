@@ -1,44 +1,46 @@
-"""Builders for the messages registration_node publishes (numpy in, ROS messages out)."""
+"""Builders for the messages registration_node publishes (numpy in, ROS messages out), and the
+one conversion between stamps (s2h_ros.stamps) and builtin_interfaces/Time."""
 from __future__ import annotations
 
 import numpy as np
 from builtin_interfaces.msg import Time
-from geometry_msgs.msg import Point, Pose, PoseStamped, Quaternion, Transform, TransformStamped, Vector3
+from geometry_msgs.msg import Point, Pose, PoseStamped, Quaternion, Transform, TransformStamped, Twist, Vector3
 from nav_msgs.msg import Odometry
-from scipy.spatial.transform import Rotation
 from std_msgs.msg import ColorRGBA, Header
 from visualization_msgs.msg import Marker, MarkerArray
 
-from s2h_ros import geometry
+from s2h_ros import geometry, stamps
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 
 
+def stamp_msg(stamp: float | int | Time | None) -> Time:
+    """builtin_interfaces/Time from seconds (float), nanoseconds (int), a Time message or an
+    rclpy.time.Time (None: zero)."""
+    if stamp is None:
+        return Time()
+    if isinstance(stamp, Time):
+        return stamp
+    if hasattr(stamp, "to_msg"):  # rclpy.time.Time
+        return stamp.to_msg()
+    ns = int(stamp) if isinstance(stamp, (int, np.integer)) else stamps.sec_to_ns(float(stamp))
+    sec, nanosec = stamps.split_ns(ns)
+    return Time(sec=sec, nanosec=nanosec)
+
+
 def stamp_to_sec(stamp: Time) -> float:
-    return stamp.sec + 1e-9 * stamp.nanosec
-
-
-def sec_to_stamp(t: float) -> Time:
-    sec = int(np.floor(t))
-    return Time(sec=sec, nanosec=int(round((t - sec) * 1e9)) % 1_000_000_000)
+    return stamps.stamp_sec(stamp)
 
 
 def matrix_to_transform(T: np.ndarray) -> Transform:
-    q = Rotation.from_matrix(T[:3, :3]).as_quat()  # x, y, z, w
-    return Transform(
-        translation=Vector3(x=float(T[0, 3]), y=float(T[1, 3]), z=float(T[2, 3])),
-        rotation=Quaternion(x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3])),
-    )
+    t, q = geometry.matrix_to_pose(T)
+    return Transform(translation=Vector3(x=float(t[0]), y=float(t[1]), z=float(t[2])),
+                     rotation=Quaternion(x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3])))
 
 
 def matrix_to_pose(T: np.ndarray) -> Pose:
-    tf = matrix_to_transform(T)
-    return Pose(position=Point(x=tf.translation.x, y=tf.translation.y, z=tf.translation.z), orientation=tf.rotation)
-
-
-def xyzquat_to_matrix(v) -> np.ndarray:
-    """[x, y, z, qx, qy, qz, qw] -> (4, 4)."""
-    v = np.asarray(v, dtype=np.float64)
-    return geometry.make_transform(Rotation.from_quat(v[3:7]).as_matrix(), v[:3])
+    t, q = geometry.matrix_to_pose(T)
+    return Pose(position=Point(x=float(t[0]), y=float(t[1]), z=float(t[2])),
+                orientation=Quaternion(x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3])))
 
 
 def transform_stamped(T: np.ndarray, stamp: Time, parent: str, child: str) -> TransformStamped:
@@ -46,9 +48,19 @@ def transform_stamped(T: np.ndarray, stamp: Time, parent: str, child: str) -> Tr
                             transform=matrix_to_transform(T))
 
 
-def odometry(T: np.ndarray, stamp: Time, parent: str, child: str) -> Odometry:
+def odometry(T: np.ndarray, stamp: Time, parent: str, child: str, pose_covariance: np.ndarray | None = None,
+             twist: np.ndarray | None = None, twist_covariance: np.ndarray | None = None) -> Odometry:
+    """nav_msgs/Odometry of pose ``T`` (child in parent). Covariances are ``(6, 6)`` in ROS order
+    (x, y, z, rot x, rot y, rot z); ``twist`` is ``(6,)`` [vx, vy, vz, wx, wy, wz] in the child frame."""
     msg = Odometry(header=Header(stamp=stamp, frame_id=parent), child_frame_id=child)
     msg.pose.pose = matrix_to_pose(T)
+    if pose_covariance is not None:
+        msg.pose.covariance = [float(v) for v in np.asarray(pose_covariance, dtype=np.float64).reshape(36)]
+    if twist is not None:
+        v = [float(x) for x in twist]
+        msg.twist.twist = Twist(linear=Vector3(x=v[0], y=v[1], z=v[2]), angular=Vector3(x=v[3], y=v[4], z=v[5]))
+    if twist_covariance is not None:
+        msg.twist.covariance = [float(v) for v in np.asarray(twist_covariance, dtype=np.float64).reshape(36)]
     return msg
 
 
@@ -60,7 +72,7 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
     """``s2h_ros/RegistrationResult`` of one odometry step (successful or not)."""
     msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=bool(step.success), message=step.message)
     msg.keyframe_id = max(int(step.keyframe_id), 0)
-    msg.keyframe_stamp = sec_to_stamp(step.keyframe_stamp)
+    msg.keyframe_stamp = stamp_msg(step.keyframe_stamp)
     T = step.T_keyframe_scan if step.T_keyframe_scan is not None else (
         step.result.transform if step.result is not None else np.eye(4))
     msg.transform = matrix_to_transform(T)
@@ -81,22 +93,15 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
     return msg
 
 
-def _color(w: float) -> ColorRGBA:
-    """Weight 0 -> red, 1 -> green."""
-    w = float(np.clip(w, 0.0, 1.0))
-    return ColorRGBA(r=1.0 - w, g=w, b=0.0, a=0.9)
-
-
 def correspondence_markers(step, frame: str, stamp: Time, scan_pose: np.ndarray | None,
-                           keyframe_pose: np.ndarray | None, max_lines: int, keyframe_max_points: int,
-                           rng: np.random.Generator) -> MarkerArray:
-    """Inlier correspondences as lines (keyframe point - scan point, coloured by weight) and the
-    keyframe cloud, in ``frame`` (odom) via the scan's and keyframe's sensor poses there. A failed
-    scan clears the previous drawing and draws nothing it does not trust."""
+                           keyframe_pose: np.ndarray | None, max_lines: int, rng: np.random.Generator) -> MarkerArray:
+    """Inlier correspondences as lines (keyframe point - scan point, coloured by weight) in
+    ``frame`` (odom), via the scan's and keyframe's sensor poses there; at most ``max_lines``.
+    A failed scan clears the previous drawing and draws nothing it does not trust."""
     header = Header(stamp=stamp, frame_id=frame)
     out = MarkerArray(markers=[Marker(header=header, ns="s2h", action=Marker.DELETEALL)])
     r = step.result
-    if not step.success or r is None or scan_pose is None or keyframe_pose is None:
+    if not step.success or r is None or scan_pose is None or keyframe_pose is None or max_lines <= 0:
         return out
     idx = np.flatnonzero(r.inlier_mask) if len(r.inlier_mask) else np.zeros(0, int)
     if len(idx) > max_lines:
@@ -107,22 +112,11 @@ def correspondence_markers(step, frame: str, stamp: Time, scan_pose: np.ndarray 
     lines.scale.x = 0.03
     lines.pose.orientation.w = 1.0
     w = r.weights[idx] if len(r.weights) else np.ones(len(idx))
-    w = w / max(float(w.max()), 1e-9) if len(w) else w
-    for a, b, wi in zip(kf_pts, scan_pts, w):
-        lines.points.extend([Point(x=float(a[0]), y=float(a[1]), z=float(a[2])),
-                             Point(x=float(b[0]), y=float(b[1]), z=float(b[2]))])
-        c = _color(wi)
-        lines.colors.extend([c, c])
+    w = np.clip(w / max(float(w.max()), 1e-9), 0.0, 1.0) if len(w) else w
+    # Marker.points/colors are sequences of message objects: one per end point is unavoidable,
+    # which is why the lines are capped at max_lines (the keyframe cloud goes out as PointCloud2).
+    ends = np.stack([kf_pts, scan_pts], axis=1).reshape(-1, 3).tolist()
+    lines.points = [Point(x=x, y=y, z=z) for x, y, z in ends]
+    lines.colors = [ColorRGBA(r=1.0 - wi, g=wi, b=0.0, a=0.9) for wi in np.repeat(w, 2).tolist()]
     out.markers.append(lines)
-    if step.keyframe_xyz is not None and keyframe_max_points > 0:
-        kf = step.keyframe_xyz
-        if len(kf) > keyframe_max_points:
-            kf = kf[rng.choice(len(kf), keyframe_max_points, replace=False)]
-        kf = geometry.apply_transform(keyframe_pose, kf.astype(np.float64))
-        cloud = Marker(header=header, ns="s2h_keyframe", id=1, type=Marker.POINTS, action=Marker.ADD)
-        cloud.scale.x = cloud.scale.y = 0.08
-        cloud.pose.orientation.w = 1.0
-        cloud.color = ColorRGBA(r=0.2, g=0.6, b=1.0, a=0.6)
-        cloud.points = [Point(x=float(p[0]), y=float(p[1]), z=float(p[2])) for p in kf]
-        out.markers.append(cloud)
     return out

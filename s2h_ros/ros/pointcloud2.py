@@ -10,19 +10,7 @@ from sensor_msgs.msg import PointCloud2, PointField
 from std_msgs.msg import Header
 
 from s2h_ros.pointcloud2 import create_cloud_fields, read_xyz
-
-
-def stamp_msg(stamp: float | int | Time | None) -> Time:
-    """builtin_interfaces/Time from seconds (float), nanoseconds (int), a Time message or an
-    rclpy.time.Time (None: zero)."""
-    if stamp is None:
-        return Time()
-    if isinstance(stamp, Time):
-        return stamp
-    if hasattr(stamp, "to_msg"):  # rclpy.time.Time
-        return stamp.to_msg()
-    ns = int(stamp) if isinstance(stamp, (int, np.integer)) else int(round(float(stamp) * 1e9))
-    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+from s2h_ros.ros.messages import stamp_msg
 
 
 def to_msg(

@@ -3,9 +3,13 @@
 The subscription callback only stores the newest scan in a one-slot buffer (a scan still waiting
 there when a newer one arrives is dropped and counted), so the executor never blocks on
 registration; a worker thread registers scans and publishes. Trusted scans publish TF
-(odom -> base_link, or odom -> sensor frame without a base frame), nav_msgs/Odometry and a
-nav_msgs/Path; every scan publishes s2h_ros/RegistrationResult and correspondence markers;
-diagnostics report rate, latency, drops and failures.
+(odom -> base_link, or odom -> sensor frame without a base frame), nav_msgs/Odometry with the
+registration's pose covariance and the twist, and a bounded nav_msgs/Path; every scan publishes
+s2h_ros/RegistrationResult and correspondence markers; each new keyframe goes out once as a
+latched PointCloud2 (``~/keyframe_cloud``); diagnostics report rate, latency, drops and failures.
+The base <- sensor extrinsic comes from the static TF tree when it has one (tf2, or /tf_static
+here), else from the ``sensor_to_base`` parameter; odom stays continuous when it changes
+(s2h_ros.ros.frames).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from nav_msgs.msg import Odometry, Path
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
@@ -29,13 +33,17 @@ from visualization_msgs.msg import MarkerArray
 from s2h_ros import geometry
 from s2h_ros.config import ConfigError
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep
-from s2h_ros.pipeline import Registrar
+from s2h_ros.pipeline import Registrar, RegistrationError
 from s2h_ros.pointcloud2 import PointCloud2Error
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.ros import messages
-from s2h_ros.ros.parameters import declare_and_read
-from s2h_ros.ros.pointcloud2 import from_msg
+from s2h_ros.ros.frames import OdomFrame
+from s2h_ros.ros.parameters import declare_and_read, pose_parameter
+from s2h_ros.ros.pointcloud2 import from_msg, to_msg
 from s2h_ros.ros.tf import ExtrinsicLookup, TfPublisher
+
+LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                     history=HistoryPolicy.KEEP_LAST)
 
 
 class RegistrationNode(Node):
@@ -45,7 +53,7 @@ class RegistrationNode(Node):
         p = self.settings.node
         self.odom_frame: str = p["odom_frame"]
         self.base_frame: str = p["base_frame"]
-        self.sensor_to_base = messages.xyzquat_to_matrix(p["sensor_to_base"])
+        self.frames = OdomFrame(pose_parameter("sensor_to_base", p["sensor_to_base"]), has_base=bool(self.base_frame))
         self.registrar = Registrar(self.settings.registration)
         self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
         self._rng = np.random.default_rng(0)
@@ -57,12 +65,13 @@ class RegistrationNode(Node):
         self.pub_odom = self.create_publisher(Odometry, "~/odometry", 10)
         self.pub_path = self.create_publisher(Path, "~/path", 1)
         self.pub_markers = self.create_publisher(MarkerArray, "~/correspondences", 1)
+        self.pub_keyframe = self.create_publisher(PointCloud2, "~/keyframe_cloud", LATCHED)
+        self._published_keyframe = -1
         self.pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.tf = TfPublisher(self) if p["publish_tf"] else None
         self.extrinsics = ExtrinsicLookup(self)
         self._extrinsic_from_tf = False
-        self.path = Path(header=Header(frame_id=self.odom_frame))
-        self._path_max = int(p["path_max_length"])
+        self.path_poses: deque = deque(maxlen=int(p["path_max_length"]))  # bounded: O(1) per scan
 
         # One-slot hand-over between the callback and the worker.
         self._cv = threading.Condition()
@@ -135,47 +144,50 @@ class RegistrationNode(Node):
         self.pub_result.publish(messages.result_message(step, msg.header, scan_id))
         scan_pose = kf_pose = None
         if step.success:  # keyframe pose = scan pose composed with (keyframe <- scan)^-1
-            scan_pose = self._sensor_in_odom(step.pose)
+            scan_pose = self.frames.sensor_in_odom(step.pose)
             kf_pose = scan_pose @ geometry.invert_transform(step.T_keyframe_scan)
+            self._publish_keyframe(step, kf_pose, stamp)
+        max_lines = self.get_parameter("max_markers").value  # may change at run time
         self.pub_markers.publish(messages.correspondence_markers(
-            step, self.odom_frame, stamp, scan_pose, kf_pose, int(self.settings.node["max_markers"]),
-            int(self.settings.node["keyframe_cloud_max_points"]), self._rng))
+            step, self.odom_frame, stamp, scan_pose, kf_pose, max_lines, self._rng))
         done = time.monotonic()
         self._latencies.append(done - received)  # receipt -> published, wall clock
         self._done_times.append(done)
 
     def _update_extrinsic(self, sensor_frame: str) -> None:
-        """Take base <- sensor from tf2 once it is known (full ROS 2 installs); else the parameter."""
+        """Take base <- sensor from the static TF tree once it is known; until then the parameter.
+        odom does not jump when it arrives after the first scans (OdomFrame.set_extrinsic)."""
         if self._extrinsic_from_tf or not self.base_frame or sensor_frame == self.base_frame:
             return
         T = self.extrinsics.lookup(self.base_frame, sensor_frame)
         if T is not None:
-            self.sensor_to_base, self._extrinsic_from_tf = T, True
-            self.get_logger().info(f"sensor extrinsic {self.base_frame} <- {sensor_frame} from tf2")
-
-    def _sensor_in_odom(self, P: np.ndarray) -> np.ndarray:
-        """Sensor pose ``P`` (in the first scan's sensor frame) expressed in the odom frame.
-
-        odom is the base frame at the first scan (REP-105), where the sensor sits at
-        ``sensor_to_base``; without a base frame, odom is the first sensor frame itself.
-        """
-        return self.sensor_to_base @ P if self.base_frame else P
+            self.frames.set_extrinsic(T, self.odometry.last_pose)
+            self._extrinsic_from_tf = True
+            self.get_logger().info(f"sensor extrinsic {self.base_frame} <- {sensor_frame} from TF")
 
     def _publish_pose(self, step: OdometryStep, stamp, sensor_frame: str) -> None:
-        T_odom_sensor = self._sensor_in_odom(step.pose)
-        if self.base_frame:
-            child = self.base_frame
-            T = T_odom_sensor @ geometry.invert_transform(self.sensor_to_base)  # odom -> base
-        else:
-            child, T = sensor_frame, T_odom_sensor
+        T = self.frames.child_in_odom(step.pose)  # odom -> base (or -> sensor without a base frame)
+        child = self.base_frame or sensor_frame
         if self.tf is not None:
             self.tf.send(messages.transform_stamped(T, stamp, self.odom_frame, child))
-        self.pub_odom.publish(messages.odometry(T, stamp, self.odom_frame, child))
-        self.path.header.stamp = stamp
-        self.path.poses.append(messages.pose_stamped(T, stamp, self.odom_frame))
-        if len(self.path.poses) > self._path_max:
-            del self.path.poses[0]
-        self.pub_path.publish(self.path)
+        twist, twist_cov = self.frames.twist_in_child(step.twist, step.twist_covariance)
+        self.pub_odom.publish(messages.odometry(
+            T, stamp, self.odom_frame, child, self.frames.covariance_in_odom(step.covariance, step.pose),
+            twist, twist_cov))
+        self.path_poses.append(messages.pose_stamped(T, stamp, self.odom_frame))
+        self.pub_path.publish(Path(header=Header(stamp=stamp, frame_id=self.odom_frame), poses=list(self.path_poses)))
+
+    def _publish_keyframe(self, step: OdometryStep, kf_pose: np.ndarray, stamp) -> None:
+        """The keyframe's voxels in odom, once per keyframe (latched), as one PointCloud2."""
+        limit = self.get_parameter("keyframe_cloud_max_points").value
+        if step.keyframe_id == self._published_keyframe or step.keyframe_xyz is None or limit <= 0:
+            return
+        xyz = step.keyframe_xyz
+        if len(xyz) > limit:
+            xyz = xyz[self._rng.choice(len(xyz), limit, replace=False)]
+        xyz = geometry.apply_transform(kf_pose, xyz.astype(np.float64)).astype(np.float32)
+        self.pub_keyframe.publish(to_msg(xyz, frame_id=self.odom_frame, stamp=stamp))
+        self._published_keyframe = step.keyframe_id
 
     def _publish_failure(self, header: Header, scan_id: int, text: str) -> None:
         self.get_logger().warn(f"scan {scan_id}: {text}")
@@ -207,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         node = RegistrationNode()
     except ConfigError as exc:
         print(f"registration_node: invalid configuration: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
+    except RegistrationError as exc:  # e.g. device cuda without CUDA
+        print(f"registration_node: cannot start the registration: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
     try:

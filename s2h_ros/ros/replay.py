@@ -6,10 +6,15 @@ odometry and results. At a fixed rate (``rate`` Hz; scans the node cannot keep u
 dropped by the node, as on a robot) or in lock-step (``rate`` = 0: the next scan goes out when
 the node has answered the previous one). At the end it writes the sequence metrics (JSON) and a
 top-view trajectory plot.
+
+Its settings are ROS parameters (``REPLAY_PARAMETERS``, declared on this node, so ``--ros-args
+--params-file config/kitti.yaml`` and ``ros2 param`` reach them); constructor keywords change their
+defaults. With a ``base_frame`` it publishes ``base_frame -> frame_id`` from ``sensor_to_base`` on
+/tf_static, as a robot description would, so RViz (fixed frame odom) places the clouds.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,12 +27,15 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import PointCloud2
 
-from s2h_ros import geometry
-from s2h_ros.datasets.rosbag import transform_to_matrix
+from s2h_ros import geometry, stamps
+from s2h_ros.config import ConfigError
 from s2h_ros.datasets.types import Sequence
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
+from s2h_ros.outputs import write_json
 from s2h_ros.ros import messages
+from s2h_ros.ros.parameters import REPLAY_PARAMETERS, coerce, declare_all, pose_parameter
 from s2h_ros.ros.pointcloud2 import to_msg
+from s2h_ros.ros.tf import StaticTfPublisher
 
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 
@@ -45,22 +53,48 @@ class ReplayRecord:
     odom_wall: dict[int, float] = field(default_factory=dict)  # stamp -> wall time odometry arrived
 
 
-def _ns(stamp) -> int:
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+def load_kitti_sequence(sequence_dir: str, sequence: str) -> Sequence:
+    """The KITTI-layout sequence the ``sequence_dir`` / ``sequence`` parameters name; ConfigError otherwise."""
+    from s2h_ros.datasets.kitti import KittiSequence
+
+    if not sequence_dir:
+        raise ConfigError("parameter sequence_dir is required")
+    try:
+        return KittiSequence(sequence_dir, sequence or None)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read sequence_dir {sequence_dir!r} (sequence {sequence!r}): {exc}") from None
 
 
 class SequenceReplayer(Node):
-    """Publishes a sequence and listens to registration_node's answers."""
+    """Publishes a sequence and listens to registration_node's answers.
 
-    def __init__(self, sequence: Sequence, topic: str = "points", frame_id: str = "velodyne",
-                 node_name: str = "registration_node", reliable: bool = True, start_time: float = 1.0,
-                 name: str = "kitti_replay", **kwargs) -> None:
-        super().__init__(name, **kwargs)
+    ``sequence`` None: the KITTI-layout sequence named by the ``sequence_dir``/``sequence``
+    parameters. ``defaults``: new defaults for REPLAY_PARAMETERS (e.g. ``topic="points"``).
+    """
+
+    def __init__(self, sequence: Sequence | None = None, name: str = "kitti_replay", start_time: float = 1.0,
+                 context=None, **defaults) -> None:
+        super().__init__(name, context=context)
+        unknown = set(defaults) - {spec.name for spec in REPLAY_PARAMETERS}
+        if unknown:
+            raise TypeError(f"unknown replay settings: {', '.join(sorted(unknown))}")
+        specs = [dataclasses.replace(spec, default=coerce(defaults[spec.name], spec.type)) if spec.name in defaults
+                 else spec for spec in REPLAY_PARAMETERS]
+        self.settings = declare_all(self, specs)
+        self.sensor_to_base = pose_parameter("sensor_to_base", self.settings["sensor_to_base"])
+        if sequence is None:
+            sequence = load_kitti_sequence(self.settings["sequence_dir"], self.settings["sequence"])
         self.sequence = sequence
-        self.frame_id = frame_id
+        self.frame_id = self.settings["frame_id"]
         self.start_time = start_time
-        qos = RELIABLE if reliable else qos_profile_sensor_data
-        self.pub_cloud = self.create_publisher(PointCloud2, topic, qos)
+        qos = RELIABLE if self.settings["reliable"] else qos_profile_sensor_data
+        self.pub_cloud = self.create_publisher(PointCloud2, self.settings["topic"], qos)
+        base = self.settings["base_frame"]
+        if base and base != self.frame_id:
+            self._static_tf = StaticTfPublisher(self)
+            self._static_tf.send([messages.transform_stamped(self.sensor_to_base, messages.stamp_msg(start_time),
+                                                             base, self.frame_id)])
+        node_name = self.settings["node_name"]
         clock_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                                durability=DurabilityPolicy.TRANSIENT_LOCAL, history=HistoryPolicy.KEEP_LAST)
         self.pub_clock = self.create_publisher(Clock, "/clock", clock_qos)
@@ -73,14 +107,14 @@ class SequenceReplayer(Node):
     # ------------------------------------------------------------------ listening
     def _on_odom(self, msg: Odometry) -> None:
         with self._cv:
-            key = _ns(msg.header.stamp)
-            self.record.poses[key] = transform_to_matrix(msg.pose.pose.position, msg.pose.pose.orientation)
+            key = stamps.stamp_ns(msg.header.stamp)
+            self.record.poses[key] = geometry.transform_to_matrix(msg.pose.pose.position, msg.pose.pose.orientation)
             self.record.odom_wall[key] = time.monotonic()
             self._cv.notify_all()
 
     def _on_result(self, msg: RegistrationResultMsg) -> None:
         with self._cv:
-            key = _ns(msg.header.stamp)
+            key = stamps.stamp_ns(msg.header.stamp)
             self.record.results[key] = {
                 "success": bool(msg.success), "message": msg.message, "keyframe_id": int(msg.keyframe_id),
                 "num_inliers": int(msg.num_inliers), "inlier_ratio": float(msg.inlier_ratio),
@@ -111,11 +145,11 @@ class SequenceReplayer(Node):
     def publish_scan(self, i: int) -> int:
         scan = self.sequence[i]
         t = self.start_time + float(scan.stamp)
-        stamp = messages.sec_to_stamp(t)
+        stamp = messages.stamp_msg(t)
         self.pub_clock.publish(Clock(clock=stamp))
         extra = {"intensity": scan.intensity} if scan.intensity is not None else None
         msg = to_msg(scan.points, frame_id=self.frame_id, stamp=stamp, extra=extra)
-        key = _ns(stamp)
+        key = stamps.stamp_ns(stamp)
         with self._cv:
             self.record.stamps_ns.append(key)
             self.record.indices.append(i)
@@ -196,5 +230,5 @@ def evaluate_replay(sequence: Sequence, record: ReplayRecord, out_dir: Path,
         report["plot"] = str(trajectories_top_view(gt, {name: est}, out_dir / "trajectory.png",
                                                    title=f"{getattr(sequence, 'name', 'sequence')}: top view"))
     np.savetxt(out_dir / "poses_estimated.txt", est[:, :3, :].reshape(len(est), 12) if len(est) else np.zeros((0, 12)))
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    write_json(out_dir / "metrics.json", report)
     return report

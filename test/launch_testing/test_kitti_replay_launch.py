@@ -24,11 +24,12 @@ WORK = Path(tempfile.mkdtemp(prefix="s2h_kitti_replay_"))
 @pytest.mark.launch_test
 def generate_test_description():
     subprocess.run([sys.executable, "-m", "s2h_ros.cli", "simulate", "--out", str(WORK / "seq"), "--frames", "10",
-                    "--seed", "3", "--sensor", "vlp16"], check=True)
+                    "--seed", "12", "--sensor", "hdl64"], check=True)
     launch_file = PathJoinSubstitution([FindPackageShare("s2h_ros"), "launch", "kitti_replay.launch.py"])
     replay = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(launch_file),
-        launch_arguments={"sequence_dir": str(WORK / "seq"), "rate": "0.0", "output_dir": str(WORK / "out")}.items(),
+        launch_arguments={"sequence_dir": str(WORK / "seq"), "rate": "0.0", "output_dir": str(WORK / "out"),
+                          "rviz": "false"}.items(),
     )
     return launch.LaunchDescription([replay, launch_testing.actions.ReadyToTest()])
 
