@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "pointcloud2": ("s2h_ros.benchmarks.pointcloud2", "PointCloud2 <-> numpy conversion time"),
     "pipeline": ("s2h_ros.benchmarks.pipeline", "register() time per stage against FPFH + RANSAC"),
     "replay": ("s2h_ros.benchmarks.replay", "registration_node under a live stream vs KISS-ICP"),
+    "trust": ("s2h_ros.benchmarks.trust", "wrong-but-trusted and needlessly rejected scans per sensor preset"),
 }
 
 

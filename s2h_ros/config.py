@@ -83,9 +83,12 @@ class OdometryConfig:
     keyframe_distance: float = field(default=5.0, metadata=_meta("new keyframe after this much travel from the current one (m)", 0.0, 1e4))
     keyframe_rotation_deg: float = field(default=20.0, metadata=_meta("new keyframe after this much rotation (deg)", 0.0, 360.0))
     keyframe_min_inlier_ratio: float = field(default=0.3, metadata=_meta("new keyframe when the inlier ratio falls below this", 0.0, 1.0))
-    max_failures: int = field(default=3, metadata=_meta("consecutive failed scans before the keyframe is re-initialised", 1, 1000))
+    max_failures: int = field(default=3, metadata=_meta("consecutive failed scans before tracking counts as lost: relocalisation against the kept keyframes, else a new segment", 1, 1000))
     min_points: int = field(default=100, metadata=_meta("scans with fewer valid points are rejected", 3, 10_000_000))
-    use_motion_prior: bool = field(default=True, metadata=_meta("refine from the constant-velocity prediction when global registration fails"))
+    use_motion_prior: bool = field(default=True, metadata=_meta("check each global result against ICP from the constant-velocity prediction (the better explanation wins, a tie is not trusted); that ICP alone is accepted when the global result fails"))
+    max_gap: float = field(default=1.0, metadata=_meta("seconds without a trusted scan after which the motion prior is not trusted (a failure then means lost at once); stamps this far backwards reset the odometry", 0.01, 3600.0))
+    ambiguity_margin: float = field(default=0.05, metadata=_meta("two disagreeing hypotheses (global, motion prior): the winner must explain this much more of the scan within inlier_distance / 2, else neither is trusted", 0.0, 1.0))
+    relocalisation_keyframes: int = field(default=5, metadata=_meta("recent keyframes kept to relocalise against when tracking is lost", 1, 1000))
 
     def __post_init__(self) -> None:
         _validate(self)

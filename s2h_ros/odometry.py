@@ -1,13 +1,30 @@
 """Scan-to-keyframe odometry on top of the SHM_DGR registrar (no ROS).
 
-Each scan is registered against the current keyframe, whose features are computed once. A new
-keyframe is taken after enough travel or rotation, or when the inlier ratio drops; after
-``max_failures`` failed scans in a row the keyframe is re-initialised. A failed scan yields no
-pose: callers (the ROS node, replay evaluation) publish nothing they cannot trust.
+Each scan goes through these stages:
+
+1. **Stamp**: a stamp not after the last one is refused; one more than ``max_gap`` earlier (a
+   looping bag) resets the odometry (event ``time_reset``, a new segment).
+2. **Global registration** against the current keyframe (features computed once per keyframe).
+3. **Competing hypothesis**: ICP from the constant-velocity prediction. If the two agree, the
+   global result stands; if they disagree, the one explaining clearly more of the scan (fraction
+   of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a tie is not
+   trusted. When the global result fails, the prediction's ICP alone is accepted only while the
+   prior is trusted (a successful scan less than ``max_gap`` ago).
+4. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
+   is registered globally against the kept keyframes (``relocalisation_keyframes``, newest
+   first; event ``relocalised``). If none verifies, a new **segment** starts: the scan becomes a
+   keyframe at the last trusted pose moved by at most ``max_gap`` seconds of the last motion
+   (event ``new_segment``, not trusted), so the odometry frame stays continuous and says that
+   the motion in between is unknown.
+5. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops.
+
+A failed scan yields no pose: callers (the ROS node, replay evaluation) publish nothing they
+cannot trust.
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +33,9 @@ from scipy.spatial.transform import Rotation
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.pipeline import PreparedCloud, Registrar, RegistrationError, RegistrationResult
+
+# Two hypotheses closer than this agree (translation: half the inlier distance).
+AGREE_ROTATION_DEG = 2.0
 
 
 @dataclass
@@ -40,6 +60,22 @@ class OdometryStep:
     # and its (6, 6) covariance (two registrations' uncertainty over the time step).
     twist: np.ndarray | None = None
     twist_covariance: np.ndarray | None = None
+    # Continuity: ``segment`` counts how often tracking was lost and the odometry started again
+    # (0 until the first loss); ``event`` names what happened at this scan: "" (tracking),
+    # "initialised", "relocalised" (found again against a known keyframe after a loss),
+    # "new_segment" (not found: poses continue from the last trusted one, motion in between
+    # unknown), "time_reset" (the stamp went backwards: a looping bag; everything restarts).
+    segment: int = 0
+    event: str = ""
+
+
+@dataclass
+class Keyframe:
+    cloud: PreparedCloud
+    pose: np.ndarray  # (4, 4) sensor pose in the odometry frame
+    stamp: float
+    id: int
+    covariance: np.ndarray  # (6, 6), as OdometryStep.covariance
 
 
 class KeyframeOdometry:
@@ -53,70 +89,168 @@ class KeyframeOdometry:
     ) -> None:
         self.cfg = odometry or OdometryConfig()
         self.registrar = registrar or Registrar(registration)
-        self.keyframe: PreparedCloud | None = None
-        self.keyframe_pose = np.eye(4)
+        self.count = 0
+        self.segment = 0
         self.keyframe_id = -1
-        self.keyframe_stamp = 0.0
-        self.keyframe_cov = np.zeros((6, 6))  # covariance of keyframe_pose (see OdometryStep)
+        self._start(None)
+
+    def _start(self, stamp: float | None) -> None:
+        """Forget everything but the counters (construction and time reset)."""
+        self.keyframes: deque[Keyframe] = deque(maxlen=self.cfg.relocalisation_keyframes)
         self.last_pose: np.ndarray | None = None
+        self.last_stamp: float | None = stamp
+        self.last_cov = np.zeros((6, 6))
         # Constant-velocity prior: body-frame twist per second [v, w], so the prediction stays
-        # right when scans were dropped or arrive at an uneven rate.
+        # right when scans were dropped or arrive at an uneven rate; known after one registration.
         self.twist = np.zeros(6)
         self.twist_cov = np.zeros((6, 6))
-        self.last_stamp: float | None = None
+        self.twist_known = False
         self.failures = 0
-        self.count = 0
 
+    @property
+    def keyframe(self) -> PreparedCloud | None:
+        return self.keyframes[-1].cloud if self.keyframes else None
+
+    @property
+    def keyframe_pose(self) -> np.ndarray:
+        return self.keyframes[-1].pose if self.keyframes else np.eye(4)
+
+    # ------------------------------------------------------------------ one scan
     def step(self, points: np.ndarray, stamp: float) -> OdometryStep:
         index = self.count
         self.count += 1
+        event = ""
+        if self.last_stamp is not None and stamp <= self.last_stamp:
+            if self.last_stamp - stamp <= self.cfg.max_gap:
+                return self._failed(index, stamp, f"stamp {stamp:.9f} s is not after the last scan's "
+                                    f"{self.last_stamp:.9f} s (duplicate or out of order)", None)
+            self._start(None)  # a looping bag: start again, as a new segment
+            self.segment += 1
+            event = "time_reset"
         try:
             self._check(points)
             prepared = self.registrar.prepare(points)
         except RegistrationError as exc:
             return self._failed(index, stamp, f"bad scan: {exc}", None)
-        if self.keyframe is None:
-            pose = np.eye(4) if self.last_pose is None else self._predict(stamp)
-            self._set_keyframe(prepared, pose, stamp, self.keyframe_cov)
-            self.last_pose, self.last_stamp = pose, stamp
-            return OdometryStep(index, stamp, True, "keyframe initialised", pose, np.eye(4), self.keyframe_id,
-                                stamp, True, None, prepared.input_frame_xyz(), self.keyframe_cov.copy(), self.twist.copy(),
-                                self.twist_cov.copy())
+        if not self.keyframes:
+            return self._initialise(index, prepared, stamp, event or "initialised")
 
-        prior = geometry.invert_transform(self.keyframe_pose) @ self._predict(stamp)
-        result = self.registrar.register(prepared, self.keyframe, init=prior)
-        if not result.success and self.cfg.use_motion_prior:
-            result = self._refine_from_prior(prepared, prior, result)
-        if not result.success:
-            self.failures += 1
-            step = self._failed(index, stamp, result.message, result)
-            if self.failures >= self.cfg.max_failures:
-                # Give up on this keyframe: continue from the prediction with this scan, as uncertain
-                # as the whole extrapolated motion (one standard deviation per twist component).
-                dt = max(stamp - self.last_stamp, 0.0)
-                self._set_keyframe(prepared, self._predict(stamp), stamp,
-                                   self.keyframe_cov + np.diag((self.twist * dt) ** 2))
-                self.failures = 0
-            return step
+        gap = self.last_stamp is not None and stamp - self.last_stamp > self.cfg.max_gap
+        prior_trusted = self.twist_known and self.failures == 0 and not gap
+        current = self.keyframes[-1]
+        prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
+        result = self._register(prepared, current, prior, prior_trusted)
+        if result.success:
+            if gap:  # found again without a usable prior: the motion over the gap is not a velocity
+                result.message = f"relocalised against keyframe {current.id} after {stamp - self.last_stamp:.1f} s without data"
+            return self._tracked(index, stamp, prepared, current, result, event="relocalised" if gap else "")
 
-        self.failures = 0
-        pose = self.keyframe_pose @ result.transform
+        self.failures += 1
+        if self.failures < self.cfg.max_failures and not gap:
+            return self._failed(index, stamp, result.message, result)
+        return self._recover(index, stamp, prepared, result)
+
+    # ------------------------------------------------------------------ stages
+    def _register(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray,
+                  prior_trusted: bool) -> RegistrationResult:
+        """Global registration, checked against ICP from the prediction (see the module text)."""
+        result = self.registrar.register(prepared, keyframe.cloud, init=prior)
+        if not self.cfg.use_motion_prior:
+            return result
+        local = self.registrar.refine(prepared, keyframe.cloud, prior, result.correspondences)
+        return self._arbitrate(result, local, prior_trusted)
+
+    def _arbitrate(self, global_: RegistrationResult, local: RegistrationResult,
+                   prior_trusted: bool) -> RegistrationResult:
+        if not global_.success:
+            if local.success and prior_trusted:
+                local.message = "global registration not trusted; ICP from the motion prior verified"
+                local.used_fallback = True
+                local.num_candidates = global_.num_candidates
+                return _with_timings(local, global_)
+            return global_
+        if not local.success or self._agree(global_.transform, local.transform):
+            return _with_timings(global_, local)
+        margin = self.cfg.ambiguity_margin
+        if global_.fitness_fine >= local.fitness_fine + margin:
+            return _with_timings(global_, local)
+        if local.fitness_fine >= global_.fitness_fine + margin and prior_trusted:
+            local.message = (f"ICP from the motion prior explains the scan better than the global result "
+                             f"({local.fitness_fine:.2f} vs {global_.fitness_fine:.2f} within "
+                             f"{self.registrar.config.inlier_distance / 2:.2f} m)")
+            local.num_candidates = global_.num_candidates
+            return _with_timings(local, global_)
+        moved = float(np.linalg.norm(global_.transform[:3, 3] - local.transform[:3, 3]))
+        global_.success = False
+        global_.message = (f"ambiguous: the global result and ICP from the motion prior differ by {moved:.2f} m "
+                           f"but explain the scan alike ({global_.fitness_fine:.2f} vs {local.fitness_fine:.2f} "
+                           f"within {self.registrar.config.inlier_distance / 2:.2f} m)")
+        return _with_timings(global_, local)
+
+    def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
+        re, te = geometry.transform_errors(A, B)
+        return te < self.registrar.config.inlier_distance / 2 and re < AGREE_ROTATION_DEG
+
+    def _tracked(self, index: int, stamp: float, prepared: PreparedCloud, keyframe: Keyframe,
+                 result: RegistrationResult, event: str = "") -> OdometryStep:
+        """Bookkeeping of a trusted registration against ``keyframe``."""
+        pose = keyframe.pose @ result.transform
         cov_rel = result.covariance if result.covariance is not None else np.diag([1e6] * 6)
-        Ad = geometry.adjoint(self.keyframe_pose)
-        covariance = self.keyframe_cov + Ad @ cov_rel @ Ad.T
+        Ad = geometry.adjoint(keyframe.pose)
+        covariance = keyframe.covariance + Ad @ cov_rel @ Ad.T
         dt = stamp - self.last_stamp
-        if dt > 0:
+        if event:  # after a loss the last pose says nothing about this motion
+            self.twist, self.twist_cov, self.twist_known = np.zeros(6), np.zeros((6, 6)), False
+        elif dt > 0:
             delta = geometry.invert_transform(self.last_pose) @ pose
             self.twist = np.concatenate([delta[:3, 3], Rotation.from_matrix(delta[:3, :3]).as_rotvec()]) / dt
             body = geometry.adjoint(geometry.invert_transform(result.transform))  # keyframe -> scan body frame
             self.twist_cov = 2.0 * (body @ cov_rel @ body.T) / dt**2
-        self.last_pose, self.last_stamp = pose, stamp
-        kf_id, kf_stamp, kf_xyz = self.keyframe_id, self.keyframe_stamp, self.keyframe.input_frame_xyz()
+            self.twist_known = True
+        self.failures = 0
+        self.last_pose, self.last_stamp, self.last_cov = pose, stamp, covariance
         new_kf = self._needs_keyframe(result)
         if new_kf:
-            self._set_keyframe(prepared, pose, stamp, covariance)
-        return OdometryStep(index, stamp, True, "", pose, result.transform, kf_id, kf_stamp, new_kf, result, kf_xyz,
-                            covariance, self.twist.copy(), self.twist_cov.copy())
+            self._add_keyframe(prepared, pose, stamp, covariance)
+        return OdometryStep(index, stamp, True, result.message if event else "", pose, result.transform, keyframe.id,
+                            keyframe.stamp, new_kf, result, keyframe.cloud.input_frame_xyz(), covariance,
+                            self.twist.copy(), self.twist_cov.copy(), self.segment, event)
+
+    def _recover(self, index: int, stamp: float, prepared: PreparedCloud, failed: RegistrationResult) -> OdometryStep:
+        """Tracking is lost: relocalise against the kept keyframes, else start a new segment."""
+        for keyframe in reversed(list(self.keyframes)[:-1]):  # the current one has just failed
+            result = self.registrar.register(prepared, keyframe.cloud)
+            if result.success:
+                result.message = f"relocalised against keyframe {keyframe.id} after {self.failures} failed scans"
+                self.keyframes.remove(keyframe)  # the current keyframe again
+                self.keyframes.append(keyframe)
+                return self._tracked(index, stamp, prepared, keyframe, result, event="relocalised")
+        dt = max(min(stamp - self.last_stamp, self.cfg.max_gap), 0.0)
+        pose = self._predict(self.last_stamp + dt)
+        speed, turn = np.linalg.norm(self.twist[:3]), np.linalg.norm(self.twist[3:])
+        gap = stamp - self.last_stamp
+        # The motion since the last trusted scan is unknown: at most the last speed over the gap.
+        unknown = np.diag([(speed * gap + 1.0) ** 2] * 3 + [min(turn * gap + 0.1, math.pi) ** 2] * 3)
+        covariance = self.last_cov + unknown
+        self.segment += 1
+        self._start(stamp)
+        self.last_pose, self.last_cov = pose, covariance
+        self._add_keyframe(prepared, pose, stamp, covariance)
+        message = (f"tracking lost ({failed.message}); no kept keyframe matches: segment {self.segment} "
+                   f"starts at the last trusted pose, the motion over the last {gap:.1f} s is unknown")
+        kf = self.keyframes[-1]
+        return OdometryStep(index, stamp, False, message, None, None, kf.id, stamp, True, failed,
+                            prepared.input_frame_xyz(), None, None, None, self.segment, "new_segment")
+
+    def _initialise(self, index: int, prepared: PreparedCloud, stamp: float, event: str) -> OdometryStep:
+        pose = np.eye(4)
+        self.last_pose, self.last_stamp, self.last_cov = pose, stamp, np.zeros((6, 6))
+        self._add_keyframe(prepared, pose, stamp, self.last_cov)
+        kf = self.keyframes[-1]
+        message = "keyframe initialised" if event == "initialised" else "time went backwards: odometry restarted"
+        return OdometryStep(index, stamp, True, message, pose, np.eye(4), kf.id, stamp, True, None,
+                            prepared.input_frame_xyz(), self.last_cov.copy(), self.twist.copy(),
+                            self.twist_cov.copy(), self.segment, event)
 
     # ------------------------------------------------------------------ helpers
     def _check(self, points: np.ndarray) -> None:
@@ -133,10 +267,9 @@ class KeyframeOdometry:
         step = self.twist * dt
         return self.last_pose @ geometry.make_transform(Rotation.from_rotvec(step[3:]).as_matrix(), step[:3])
 
-    def _set_keyframe(self, prepared: PreparedCloud, pose: np.ndarray, stamp: float, covariance: np.ndarray) -> None:
-        self.keyframe, self.keyframe_pose, self.keyframe_stamp = prepared, pose, stamp
-        self.keyframe_cov = covariance
+    def _add_keyframe(self, prepared: PreparedCloud, pose: np.ndarray, stamp: float, covariance: np.ndarray) -> None:
         self.keyframe_id += 1
+        self.keyframes.append(Keyframe(prepared, pose, stamp, self.keyframe_id, covariance))
 
     def _needs_keyframe(self, result: RegistrationResult) -> bool:
         T = result.transform
@@ -148,20 +281,15 @@ class KeyframeOdometry:
             or result.inlier_ratio < self.cfg.keyframe_min_inlier_ratio
         )
 
-    def _refine_from_prior(self, prepared: PreparedCloud, prior: np.ndarray, failed: RegistrationResult):
-        """Local ICP from the motion prior, accepted only if it passes the same verification."""
-        refined = self.registrar.refine(prepared, self.keyframe, prior, failed.correspondences)
-        if not refined.success:
-            return failed
-        refined.message = "global registration not trusted; local ICP from the motion prior verified"
-        refined.used_fallback = True
-        refined.num_candidates = failed.num_candidates
-        extra = {f"prior_{k}": v for k, v in refined.timings.items() if k != "total"}
-        refined.timings = {**failed.timings, **extra,
-                           "total": failed.timings.get("total", 0.0) + refined.timings.get("total", 0.0)}
-        return refined
-
     def _failed(self, index: int, stamp: float, message: str, result: RegistrationResult | None) -> OdometryStep:
-        kf_xyz = self.keyframe.input_frame_xyz() if self.keyframe is not None else None
-        return OdometryStep(index, stamp, False, message, None, None, self.keyframe_id, self.keyframe_stamp,
-                            False, result, kf_xyz)
+        kf = self.keyframes[-1] if self.keyframes else None
+        return OdometryStep(index, stamp, False, message, None, None, kf.id if kf else -1, kf.stamp if kf else 0.0,
+                            False, result, kf.cloud.input_frame_xyz() if kf else None, segment=self.segment)
+
+
+def _with_timings(chosen: RegistrationResult, other: RegistrationResult) -> RegistrationResult:
+    """``chosen`` with the stage times of both hypotheses (the other's prefixed ``alt_``) and their sum."""
+    extra = {f"alt_{k}": v for k, v in other.timings.items() if k != "total"}
+    total = chosen.timings.get("total", 0.0) + other.timings.get("total", 0.0)
+    chosen.timings = {**chosen.timings, **extra, "total": total}
+    return chosen

@@ -1,8 +1,10 @@
 """Scan-to-keyframe odometry: tracks a drive, rejects bad scans without losing track, takes
-keyframes by the policy and re-initialises after repeated failures."""
+keyframes by the policy; never trusts a wrong step on a 16-beam drive; after a teleport, a gap or
+time going backwards it relocalises or says that continuity was lost (a new segment)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
@@ -50,14 +52,16 @@ def test_keyframes_follow_the_distance_policy(vlp16_drive):
     assert all(s.keyframe_id == sum(1 for k in new if k < s.index) - 1 for s in steps[1:])
 
 
-def test_repeated_failures_reinitialise_the_keyframe(vlp16_drive, rng):
+def test_repeated_failures_start_a_new_segment_from_the_last_trusted_pose(vlp16_drive, rng):
     odo = KeyframeOdometry(FAST.replace(min_fitness=0.9), OdometryConfig(max_failures=2, use_motion_prior=False))
     odo.step(vlp16_drive[0].points, 0.0)
     first_id = odo.keyframe_id
     noise = [rng.uniform(-30, 30, (3000, 3)).astype(np.float32) for _ in range(2)]
     steps = [odo.step(n, 0.1 * (i + 1)) for i, n in enumerate(noise)]
     assert not any(s.success for s in steps)
+    assert [s.event for s in steps] == ["", "new_segment"] and steps[-1].segment == 1
     assert odo.keyframe_id == first_id + 1 and odo.failures == 0
+    np.testing.assert_allclose(odo.keyframe_pose, np.eye(4))  # at rest before: the last trusted pose
 
 
 def test_motion_prior_scales_with_the_time_between_scans(vlp16_drive):
@@ -71,3 +75,135 @@ def test_motion_prior_scales_with_the_time_between_scans(vlp16_drive):
     err_pred = np.linalg.norm(predicted[:3, 3] - gt[6, :3, 3])
     err_hold = np.linalg.norm(odo.last_pose[:3, 3] - gt[6, :3, 3])
     assert err_pred < 0.5 * err_hold
+
+
+# ---------------------------------------------------------------- trust and continuity, defaults
+
+
+@pytest.fixture(scope="module")
+def vlp16_town():
+    """The 16-beam drive a user reported (seed 4, 10 m/s): scans rendered on demand."""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    seq = simulate_sequence(n_frames=150, seed=4, sensor="vlp16", speed=10.0)
+    return seq, _gt(seq)
+
+
+@pytest.fixture(scope="module")
+def default_odometry_registrar():
+    from s2h_ros.pipeline import Registrar
+
+    return Registrar(RegistrationConfig())  # shipped FCGF + S2H, as the node runs
+
+
+def _relative_error(a_pose, b_pose, gt_a, gt_b) -> tuple[float, float]:
+    return geometry.transform_errors(geometry.invert_transform(a_pose) @ b_pose, geometry.invert_transform(gt_a) @ gt_b)
+
+
+def test_sixteen_beam_drive_has_no_wrong_trusted_step(vlp16_town, default_odometry_registrar):
+    """The reported failure: about zero motion trusted while the sensor moved 0.4-1 m (ICP slid onto
+    the rings that move with the sensor). Every trusted step must now be right."""
+    seq, gt = vlp16_town
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=default_odometry_registrar)
+    trusted = []
+    for i in range(24):
+        step = odo.step(seq[i].points, float(seq.stamps[i]))
+        if step.success:
+            trusted.append((i, step.pose))
+    assert len(trusted) >= 22
+    for (a, pa), (b, pb) in zip(trusted, trusted[1:]):
+        re, te = _relative_error(pa, pb, gt[a], gt[b])
+        assert te < 0.15 and re < 1.0, (a, b, te, re)
+
+
+def _track(odo, seq, frames, stamps):
+    return [odo.step(seq[i].points, t) for i, t in zip(frames, stamps)]
+
+
+def test_a_teleport_starts_a_new_segment_instead_of_a_trusted_jump(vlp16_town, default_odometry_registrar):
+    seq, gt = vlp16_town
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=default_odometry_registrar)
+    before = _track(odo, seq, range(5), seq.stamps[:5])
+    assert all(s.success for s in before)
+    # The sensor reappears more than 50 m further on, 0.1 s later.
+    far = [i for i in range(len(gt)) if np.linalg.norm(gt[i, :3, 3] - gt[4, :3, 3]) > 50][:6]
+    assert len(far) == 6
+    after = _track(odo, seq, far, 0.5 + 0.1 * np.arange(6))
+    events = [s.event for s in after]
+    assert "new_segment" in events, [(s.event, s.message) for s in after]
+    k = events.index("new_segment")
+    assert k < odo.cfg.max_failures and not any(s.success for s in after[:k + 1])
+    assert after[k].segment == 1 and "tracking lost" in after[k].message
+    # No jump: the new segment starts at the last trusted pose, moved by at most max_gap of motion.
+    start = odo.keyframes[0].pose if odo.keyframes[0].id == after[k].keyframe_id else None
+    assert start is not None and np.linalg.norm(start[:3, 3] - before[-1].pose[:3, 3]) < 1.5
+    # Within the new segment, tracking is trusted again and right relative to its start.
+    tracked = [(far[j], s.pose) for j, s in enumerate(after) if j > k and s.success]
+    assert len(tracked) >= 2
+    for (a, pa), (b, pb) in zip(tracked, tracked[1:]):
+        assert _relative_error(pa, pb, gt[a], gt[b])[1] < 0.15
+
+
+def test_after_a_gap_the_scan_is_found_again_against_the_keyframe(vlp16_town, default_odometry_registrar):
+    """10 s without data while the vehicle moved about 13 m: no extrapolation of the old speed over
+    the gap; global registration against the keyframe it still overlaps."""
+    seq, gt = vlp16_town
+    odo = KeyframeOdometry(odometry=OdometryConfig(keyframe_distance=100.0, keyframe_min_inlier_ratio=0.0),
+                           registrar=default_odometry_registrar)
+    before = _track(odo, seq, range(5), seq.stamps[:5])
+    assert all(s.success for s in before)
+    j = next(i for i in range(len(gt)) if np.linalg.norm(gt[i, :3, 3] - gt[4, :3, 3]) > 13)
+    after = _track(odo, seq, [j, j + 1], [seq.stamps[4] + 10.0, seq.stamps[4] + 10.1])
+    found = next(s for s in after if s.success)
+    assert found.event == "relocalised" and found is after[0], [(s.event, s.message) for s in after]
+    assert geometry.transform_errors(found.pose, gt[j])[1] < 0.3
+    assert found.segment == 0  # continuity kept: same segment
+
+
+def test_stamps_must_advance_and_a_big_step_back_restarts(vlp16_town, default_odometry_registrar):
+    seq, _ = vlp16_town
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=default_odometry_registrar)
+    steps = _track(odo, seq, range(3), [100.0, 100.1, 100.2])
+    assert all(s.success for s in steps)
+    duplicate = odo.step(seq[3].points, 100.2)
+    backwards = odo.step(seq[3].points, 100.15)
+    for s in (duplicate, backwards):
+        assert not s.success and "not after the last scan" in s.message and s.pose is None
+    restart = odo.step(seq[0].points, 5.0)  # a looping bag
+    assert restart.success and restart.event == "time_reset" and restart.segment == 1
+    np.testing.assert_allclose(restart.pose, np.eye(4))
+    assert odo.step(seq[1].points, 5.1).success
+
+
+def _hypothesis(x: float, fine: float, success: bool = True):
+    from s2h_ros.pipeline import RegistrationResult
+
+    empty = np.zeros((0, 3), np.float32)
+    return RegistrationResult(transform=geometry.make_transform(np.eye(3), np.array([x, 0.0, 0.0])), success=success,
+                              message="", correspondences=np.zeros((0, 2), np.int64), weights=np.zeros(0, np.float32),
+                              source_xyz=empty, target_xyz=empty, fitness=0.9, fitness_fine=fine,
+                              timings={"total": 10.0})
+
+
+@pytest.mark.parametrize("global_x, global_fine, local_x, local_fine, prior_trusted, expected", [
+    (1.00, 0.80, 1.05, 0.78, True, "global"),      # agree: the global result stands
+    (0.05, 0.66, 0.90, 0.84, True, "local"),       # the rings' pull vs the prior: the prior explains more
+    (0.90, 0.84, 0.05, 0.66, True, "global"),      # a bad prior loses to a clearly better global result
+    (0.05, 0.80, 0.90, 0.82, True, "ambiguous"),   # disagree and explain alike: neither is trusted
+    (0.05, 0.66, 0.90, 0.84, False, "ambiguous"),  # an untrusted prior may veto but not win
+])
+def test_competing_hypotheses_the_clearer_explanation_wins_and_a_tie_is_not_trusted(
+        global_x, global_fine, local_x, local_fine, prior_trusted, expected):
+    odo = KeyframeOdometry(FAST)
+    chosen = odo._arbitrate(_hypothesis(global_x, global_fine), _hypothesis(local_x, local_fine), prior_trusted)
+    if expected == "ambiguous":
+        assert not chosen.success and chosen.message.startswith("ambiguous")
+    else:
+        assert chosen.success and chosen.transform[0, 3] == (global_x if expected == "global" else local_x)
+    assert chosen.timings["total"] == 20.0  # both hypotheses' time is counted
+
+
+def test_a_failed_global_result_is_replaced_by_the_prior_only_while_the_prior_is_trusted():
+    odo = KeyframeOdometry(FAST)
+    assert odo._arbitrate(_hypothesis(0.0, 0.5, success=False), _hypothesis(1.0, 0.8), True).success
+    assert not odo._arbitrate(_hypothesis(0.0, 0.5, success=False), _hypothesis(1.0, 0.8), False).success
