@@ -194,9 +194,17 @@ def evaluate_pairs(methods: dict[str, Any], pairs: Iterable[PointCloudPair], thr
                 on_record(out.records[-1])
     if not out.records:
         raise ValueError("no pairs to evaluate")
-    for name in methods:
-        out.summary[name] = summarize_method([r for r in out.records if r["method"] == name], threshold)
+    out.summary = summarize_records(out.records, threshold)
     return out
+
+
+def summarize_records(records: list[dict], threshold: RecallThreshold) -> dict[str, dict]:
+    """:func:`summarize_method` of each method's records, methods in the order they first appear
+    (also for the records of a run stopped part way)."""
+    by_method: dict[str, list[dict]] = {}
+    for r in records:
+        by_method.setdefault(r["method"], []).append(r)
+    return {name: summarize_method(recs, threshold) for name, recs in by_method.items()}
 
 
 # ----------------------------------------------------------------------------- sequences

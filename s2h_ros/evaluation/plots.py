@@ -5,10 +5,13 @@ switch), so they render on headless machines and leave a user's interactive sess
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+
+from s2h_ros.outputs import write_bytes
 
 
 def error_cdfs(records: list[dict], path: Path, re_thresh: float | None = None,
@@ -65,8 +68,8 @@ def trajectories_top_view(gt: np.ndarray, estimates: dict[str, np.ndarray], path
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """PNG of ``fig`` in ``path``, written atomically (s2h_ros.outputs)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    return write_bytes(path, png.getvalue())
