@@ -3,7 +3,13 @@
 Pairs (synthetic, kitti-pairs, 3dmatch, kitti-loop, 3dmatch-demo) give recall / RE / TE / time
 / peak memory per method; sequences (kitti, synthetic --task sequence, bag) give KITTI drift,
 ATE and time per frame. Writes a Markdown table to stdout (and ``--markdown``), the full
-results with ``--json``, and PNG plots (error CDFs, top-view trajectories) with ``--plots``.
+results with ``--json``, and PNG plots (error CDFs, top-view trajectories) with ``--plots``; every
+file atomically (s2h_ros.outputs), ``--jsonl`` one flushed line per pair as it is made.
+
+Exit status: 0 done; 2 an output path that cannot be written (checked before the work starts;
+a disk that fills up by the end is reported then, after the table went to stdout), one stderr
+line naming it; 130 / 143 stopped by SIGINT / SIGTERM: the results so far (pairs evaluated,
+sequence methods finished) are printed and written as usual, marked ``"interrupted"``.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import contextlib
 import os
 import platform
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +249,20 @@ class JsonLines:
         self.stream.flush()
 
 
+class Records(list):
+    """Pair records as they are made (``on_record``), kept here so that a stopped run has them;
+    each also goes to ``stream`` (a :class:`JsonLines`) when one is given."""
+
+    def __init__(self, stream: JsonLines | None = None):
+        super().__init__()
+        self.stream = stream
+
+    def __call__(self, record: dict) -> None:
+        self.append(record)
+        if self.stream is not None:
+            self.stream(record)
+
+
 def _machine(threads: int | None) -> dict[str, Any]:
     return {"host": platform.node(), "cpus": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg()),
             "threads": threads, "python": platform.python_version()}
@@ -249,16 +270,41 @@ def _machine(threads: int | None) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------- run
 
+EXIT_OK, EXIT_BAD_OUTPUT = 0, 2
+
+
+def output_dirs(args: argparse.Namespace) -> list[Path]:
+    """The folders the requested outputs go to."""
+    files = [args.json, args.jsonl, args.markdown]
+    return [f.parent for f in files if f is not None] + ([args.plots] if args.plots is not None else [])
+
+
+@dataclass
+class Made:
+    """What an evaluation has made: all of it, or what came before a stop."""
+
+    records: Records  # pairs: one record per method and pair
+    sequence: str = ""  # sequences: the finished methods' trajectories and summaries
+    gt: np.ndarray | None = None
+    poses: dict[str, np.ndarray] = field(default_factory=dict)
+    summary: dict[str, dict] = field(default_factory=dict)
+
 
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # Open3D reads it when it loads
-    from s2h_ros.evaluation import plots
-    from s2h_ros.evaluation.harness import evaluate_pairs, evaluate_sequence
+    from s2h_ros.evaluation.harness import evaluate_pairs, summarize_records
     from s2h_ros.evaluation.metrics import THRESHOLDS
     from s2h_ros.evaluation.report import pairs_table, sequence_table
-    from s2h_ros.outputs import write_json, write_text
+    from s2h_ros.interrupts import Interrupted, exit_status, on_stop_signals, raise_interrupted, signal_name
+    from s2h_ros.outputs import check_writable
 
+    try:
+        for folder in output_dirs(args):
+            check_writable(folder)
+    except OSError as exc:
+        print(f"s2h eval: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_OUTPUT
     if args.threads is not None and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(args.threads)
     task = args.task or ("sequence" if args.dataset in SEQUENCE_DATASETS else "pairs")
@@ -269,36 +315,70 @@ def run(args: argparse.Namespace) -> int:
     names = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
              else [n for n, spec in METHODS.items() if task in spec.kinds])
     methods = build_methods(names, task, scale, args)
-    progress = not args.no_progress
     result: dict[str, Any] = {"dataset": args.dataset, "task": task, "scale": scale,
                               "settings": {n: method_settings(m) for n, m in methods.items()},
-                              "machine": _machine(args.threads)}
+                              "machine": _machine(args.threads), "interrupted": None}
+    stopped = None
+    with contextlib.ExitStack() as stack:
+        stream = JsonLines(stack.enter_context(args.jsonl.open("w"))) if args.jsonl is not None else None
+        made = Made(Records(stream))
+        with on_stop_signals(raise_interrupted):
+            try:
+                if task == "pairs":
+                    evaluate_pairs(methods, load_pairs(args), threshold, progress=not args.no_progress,
+                                   on_record=made.records)
+                else:
+                    _evaluate_sequence(args, methods, made)
+            except Interrupted as exc:
+                stopped = exc.signum
+                result["interrupted"] = signal_name(stopped)
     if task == "pairs":
-        pairs = load_pairs(args)
-        with contextlib.ExitStack() as stack:
-            on_record = None
-            if args.jsonl is not None:
-                args.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                on_record = JsonLines(stack.enter_context(args.jsonl.open("w")))
-            ev = evaluate_pairs(methods, pairs, threshold, progress=progress, on_record=on_record)
-        table = pairs_table(ev.summary)
-        result.update(threshold=vars(threshold), summary=ev.summary, pairs=ev.records)
-        if args.plots is not None:
-            result["plots"] = [str(plots.error_cdfs(ev.records, args.plots / f"{args.dataset}_error_cdf.png",
-                                                    threshold.re_deg, threshold.te_m))]
+        summary = summarize_records(made.records, threshold)
+        result.update(threshold=vars(threshold), summary=summary, pairs=list(made.records), table=pairs_table(summary))
     else:
-        seq = load_sequence(args)
-        ev = evaluate_sequence(methods, seq, progress=progress)
-        table = sequence_table(ev.summary)
-        result.update(sequence=seq.name, summary=ev.summary)
-        if args.plots is not None:
-            result["plots"] = [str(plots.trajectories_top_view(
-                ev.gt, ev.poses, args.plots / f"{args.dataset}_trajectory.png", title=seq.name))]
+        result.update(sequence=made.sequence, summary=made.summary, table=sequence_table(made.summary))
+    status = _write_outputs(args, result, made, threshold)
+    if stopped is None:
+        return status
+    done = f"{len(made.records)} pair records" if task == "pairs" else f"{len(made.summary)} finished methods"
+    print(f"s2h eval: stopped by {signal_name(stopped)}; results so far ({done}) above"
+          f"{' and written' if status == EXIT_OK and output_dirs(args) else ''}", file=sys.stderr)
+    return exit_status(stopped)
+
+
+def _evaluate_sequence(args: argparse.Namespace, methods: dict[str, Any], made: Made) -> None:
+    """Method after method into ``made``, so that a stop keeps the methods finished before it."""
+    from s2h_ros.evaluation.harness import evaluate_sequence
+
+    seq = load_sequence(args)
+    made.sequence = seq.name
+    for name, method in methods.items():
+        ev = evaluate_sequence({name: method}, seq, progress=not args.no_progress)
+        made.gt = ev.gt
+        made.poses.update(ev.poses)
+        made.summary.update(ev.summary)
+
+
+def _write_outputs(args: argparse.Namespace, result: dict, made: Made, threshold) -> int:
+    """The table on stdout, then ``--plots``, ``--markdown`` and ``--json``; a file that cannot be
+    written is one stderr line naming it (status 2)."""
+    from s2h_ros.evaluation import plots
+    from s2h_ros.outputs import write_json, write_text
+
     result["machine"]["load_avg_after"] = list(os.getloadavg())
-    result["table"] = table
-    print(table, end="")
-    if args.markdown is not None:
-        write_text(args.markdown, table)
-    if args.json is not None:
-        write_json(args.json, result)
-    return 0
+    print(result["table"], end="", flush=True)
+    try:
+        if args.plots is not None and made.records:
+            result["plots"] = [str(plots.error_cdfs(made.records, args.plots / f"{args.dataset}_error_cdf.png",
+                                                    threshold.re_deg, threshold.te_m))]
+        elif args.plots is not None and made.poses:
+            result["plots"] = [str(plots.trajectories_top_view(
+                made.gt, made.poses, args.plots / f"{args.dataset}_trajectory.png", title=made.sequence))]
+        if args.markdown is not None:
+            write_text(args.markdown, result["table"])
+        if args.json is not None:
+            write_json(args.json, result)
+    except OSError as exc:
+        print(f"s2h eval: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_OUTPUT
+    return EXIT_OK
