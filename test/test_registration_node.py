@@ -2,18 +2,27 @@
 FCGF features + S2H): a curved drive replayed into it comes back as a trajectory close to ground
 truth, with results, odometry (covariance, twist), a bounded path, markers, the keyframe cloud,
 diagnostics and /tf; malformed and empty clouds are answered with failures and do not stop it;
-parameters behave as ROS users expect; a sensor extrinsic that arrives late does not move odom."""
+parameters behave as ROS users expect; a sensor extrinsic that arrives late does not move odom.
+
+Faults, each with one outcome: zero, duplicate and backwards stamps and a scan in the odom frame
+are refused with a failed result naming the problem and no TF; time going back by a lot (a
+looping bag) is a ``time_reset``: tracked again from there, TF on the new timeline, an ERROR in
+the diagnostics and the log; start-up failures (device, weights, topic) exit 2 with one stderr
+line naming the parameter."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
 import rclpy
+import torch
 from conftest import CURVED_DRIVE_FRAMES
-from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.srv import ListParameters, SetParameters
 from rclpy.context import Context
@@ -27,8 +36,9 @@ from visualization_msgs.msg import Marker, MarkerArray
 from s2h_ros import geometry
 from s2h_ros.commands.replay import node_command, registration_node_process
 from s2h_ros.evaluation.metrics import sequence_metrics
+from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.ros import messages
-from s2h_ros.ros.pointcloud2 import from_msg
+from s2h_ros.ros.pointcloud2 import from_msg, to_msg
 from s2h_ros.ros.replay import RELIABLE, SequenceReplayer, evaluate_replay
 from s2h_ros.ros.tf import TF_STATIC_QOS
 
@@ -64,12 +74,17 @@ class Listener:
         self.odometry: list[Odometry] = []
         self.paths: list[Path] = []
         self.keyframes: list[PointCloud2] = []
+        self.results: list[RegistrationResultMsg] = []
         node.create_subscription(MarkerArray, "/registration_node/correspondences", self.markers.append, RELIABLE)
         node.create_subscription(DiagnosticArray, "/diagnostics", self.diagnostics.append, 10)
         node.create_subscription(TFMessage, "/tf", self.tf.append, 100)
         node.create_subscription(Odometry, "/registration_node/odometry", self.odometry.append, RELIABLE)
         node.create_subscription(Path, "/registration_node/path", self.paths.append, RELIABLE)
         node.create_subscription(PointCloud2, "/registration_node/keyframe_cloud", self.keyframes.append, TF_STATIC_QOS)
+        node.create_subscription(RegistrationResultMsg, "/registration_node/result", self.results.append, RELIABLE)
+
+    def tf_stamps(self) -> list[float]:
+        return [messages.stamp_to_sec(t.header.stamp) for m in self.tf for t in m.transforms]
 
 
 def _spin(node, context=None):
@@ -169,9 +184,9 @@ def test_replayed_curved_drive_tracks_ground_truth_and_survives_bad_clouds(curve
         assert len(bad) == 2 and not any(r["success"] for r in bad)
         assert any("z" in r["message"] for r in bad), bad
 
-        # Still alive and registering: the next real scan is answered.
-        key = replayer.publish_scan(CURVED_DRIVE_FRAMES - 1)
-        assert replayer.wait_for(lambda: key in replayer.record.results, 60.0)
+        # Still alive and registering: the next real scan (after the bad ones in time) is trusted.
+        result = _send(replayer, listener, CURVED_DRIVE_FRAMES - 1, 1002.0)
+        assert result.success, result.message
         assert proc.poll() is None, log_path.read_text()
         tf_stamps_after = {messages.stamp_to_sec(t.header.stamp) for m in listener.tf for t in m.transforms}
         assert not (tf_stamps_after - tf_stamps) & set(bad_stamps)
@@ -183,6 +198,151 @@ def test_replayed_curved_drive_tracks_ground_truth_and_survives_bad_clouds(curve
     finally:
         executor.shutdown()
         replayer.destroy_node()
+
+
+def _send(replayer: SequenceReplayer, listener: Listener, i: int, stamp: float, frame_id: str = "velodyne",
+          timeout: float = 120.0) -> RegistrationResultMsg:
+    """Scan ``i`` of the replayer's sequence with a stamp and frame of the test's choosing, and the
+    node's answer to it (one scan in flight at a time, so the next result is this one's)."""
+    n = len(listener.results)
+    replayer.pub_cloud.publish(to_msg(replayer.sequence[i].points, frame_id=frame_id, stamp=messages.stamp_msg(stamp)))
+    assert replayer.wait_for(lambda: len(listener.results) > n, timeout), f"no answer to scan {i} at {stamp} s"
+    return listener.results[n]
+
+
+# The module's node sees one timeline: the drive test ends at 1002 s, and each later test starts
+# its own track further back in time (EPOCHS), so that its first scan is a time reset, a clean
+# start whatever came before (or "initialised" when the test runs alone).
+EPOCHS = {"stamps": 900.0, "odom_frame": 800.0, "time_reset": 700.0}
+
+
+def _restart(replayer: SequenceReplayer, listener: Listener, epoch: float) -> RegistrationResultMsg:
+    """A clean track from scan 0 at ``epoch`` (see EPOCHS)."""
+    first = _send(replayer, listener, 0, epoch)
+    assert first.success and first.event in ("time_reset", "initialised"), (first.event, first.message)
+    return first
+
+
+@pytest.fixture
+def probe(curved_drive, node_process, request):
+    """A replayer of the curved drive (for its clouds and pub_cloud) with a Listener, spinning."""
+    proc, log_path = node_process
+    replayer = SequenceReplayer(curved_drive, name=f"probe_{request.node.name.split('[')[0][-40:]}", topic="points")
+    listener = Listener(replayer)
+    executor = _spin(replayer)
+    assert replayer.wait_for_subscriber(60.0), f"node never subscribed; log:\n{log_path.read_text()}"
+    yield replayer, listener
+    executor.shutdown()
+    replayer.destroy_node()
+
+
+def _wait_for_file_text(path, pattern: str, timeout: float) -> bool:
+    """Poll the node's log (another process writes it) until ``pattern`` matches."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, path.read_text()):
+            return True
+        threading.Event().wait(0.05)
+    return re.search(pattern, path.read_text()) is not None
+
+
+def test_zero_duplicate_and_backwards_stamps_are_refused_without_tf(curved_drive, probe):
+    replayer, listener = probe
+    t = [float(s.stamp) for s in curved_drive]  # 0.4 s apart
+    e = EPOCHS["stamps"]
+    _restart(replayer, listener, e)
+    ok = _send(replayer, listener, 1, e + t[1])
+    assert ok.success, ok.message
+    duplicate = _send(replayer, listener, 2, e + t[1])
+    backwards = _send(replayer, listener, 2, e + t[1] - 0.2)
+    zero = _send(replayer, listener, 2, 0.0)
+    for refused in (duplicate, backwards):
+        assert not refused.success and "not after the last scan" in refused.message, refused.message
+    assert "duplicate" in duplicate.message
+    assert not zero.success and zero.message.startswith("stamp is zero"), zero.message
+    # Tracking goes on; its TF arrives after any the refused scans could have caused (one /tf
+    # publisher: in order), so their absence below is not a matter of waiting longer.
+    after = _send(replayer, listener, 2, e + t[2])
+    assert after.success, after.message
+    assert replayer.wait_for(lambda: e + t[2] in listener.tf_stamps(), 30.0)
+    tf_stamps = listener.tf_stamps()
+    assert tf_stamps.count(e + t[1]) == 1  # the trusted scan's, not the duplicate's
+    assert e + t[1] - 0.2 not in tf_stamps and 0.0 not in tf_stamps
+
+
+def test_a_scan_in_the_odom_frame_is_refused_and_never_gives_odom_to_odom(curved_drive, probe):
+    replayer, listener = probe
+    e = EPOCHS["odom_frame"]
+    _restart(replayer, listener, e)
+    in_odom = _send(replayer, listener, 1, e + 0.4, frame_id="odom")
+    assert not in_odom.success and "is the odometry frame" in in_odom.message, in_odom.message
+    after = _send(replayer, listener, 1, e + 0.5)
+    assert after.success, after.message
+    assert replayer.wait_for(lambda: e + 0.5 in listener.tf_stamps(), 30.0)
+    assert e + 0.4 not in listener.tf_stamps()
+    assert all(t.header.frame_id != t.child_frame_id for m in listener.tf for t in m.transforms)
+
+
+def test_time_going_back_restarts_tracking_as_a_time_reset(curved_drive, node_process, probe):
+    """A bag that loops: the same scans again, 50 s earlier. The first is a time_reset (a new
+    segment, trusted as the first of a track), the next are tracked again, and TF follows the new
+    timeline; diagnostics turn to ERROR naming it and count the reset; the log has the error."""
+    _, log_path = node_process
+    replayer, listener = probe
+    t = [float(s.stamp) for s in curved_drive]
+    e = EPOCHS["time_reset"]
+    start = _restart(replayer, listener, e)
+    first_loop = [start] + [_send(replayer, listener, k, e + t[k]) for k in (1, 2, 3)]
+    assert all(r.success for r in first_loop), [r.message for r in first_loop]
+    n_odometry = len(listener.odometry)
+    second_loop = [_send(replayer, listener, k, e - 50.0 + t[k]) for k in (0, 1, 2, 3)]
+
+    reset = second_loop[0]
+    assert reset.success and reset.event == "time_reset", (reset.event, reset.message)
+    assert reset.segment == start.segment + 1 and reset.keyframe_id > first_loop[-1].keyframe_id
+    assert all(r.success and r.event == "" and r.segment == reset.segment for r in second_loop[1:]), \
+        [(r.event, r.message) for r in second_loop]
+    # TF and odometry on the new timeline: odom restarts at the base pose of the reset scan, and
+    # the loop's poses are the first loop's again.
+    assert replayer.wait_for(lambda: e - 50.0 + t[3] in listener.tf_stamps(), 30.0)
+    assert replayer.wait_for(lambda: len(listener.odometry) >= n_odometry + 4, 30.0)
+    by_stamp = {messages.stamp_to_sec(m.header.stamp): m.pose.pose.position for m in listener.odometry}
+    first, last, last_before = by_stamp[e - 50.0], by_stamp[e - 50.0 + t[3]], by_stamp[e + t[3]]
+    assert np.hypot(first.x, first.y) < 1e-6
+    assert np.hypot(last.x - last_before.x, last.y - last_before.y) < 0.1, (last, last_before)
+    assert np.hypot(last.x, last.y) > 5.0  # it did move: three steps of about 3 m
+
+    def reset_reported() -> bool:
+        for d in listener.diagnostics:
+            for st in d.status:
+                values = {kv.key: kv.value for kv in st.values}
+                if (st.level == DiagnosticStatus.ERROR and f"scan {reset.scan_id}: time_reset" in st.message
+                        and int(values["resets"]) >= 1):
+                    return True
+        return False
+
+    assert replayer.wait_for(reset_reported, 10.0), [s.message for d in listener.diagnostics[-5:] for s in d.status]
+    assert _wait_for_file_text(log_path, rf"\[ERROR\].*scan {reset.scan_id}: time_reset", 10.0), log_path.read_text()
+
+
+@pytest.mark.parametrize("override, parameter, why", [
+    ("registration.device:=cuda", "registration.device", "CUDA is not available"),
+    ("registration.weights:=/nonexistent/weights.pt", "registration.weights", "checkpoint not found"),
+    ("registration.weights:={garbage}", "registration.weights", "cannot read checkpoint"),
+    ("cloud_topic:=bad topic!", "cloud_topic", "is not a valid topic name"),
+], ids=["device", "missing-weights", "garbage-weights", "topic"])
+def test_start_up_failures_exit_2_with_one_line_naming_the_parameter(ros_domain, tmp_path, override, parameter, why):
+    if "cuda" in override and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4096))
+    out = subprocess.run(node_command([], [override.format(garbage=garbage)]), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"registration_node: invalid configuration: parameter {parameter}"), lines[0]
+    assert why in lines[0], lines[0]
 
 
 def _call(node, client, request, timeout: float = 30.0):

@@ -69,8 +69,10 @@ def pose_stamped(T: np.ndarray, stamp: Time, frame: str) -> PoseStamped:
 
 
 def result_message(step, header: Header, scan_id: int, total_ms: float | None = None) -> RegistrationResultMsg:
-    """``s2h_ros/RegistrationResult`` of one odometry step (successful or not)."""
-    msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=bool(step.success), message=step.message)
+    """``s2h_ros/RegistrationResult`` of one odometry step (successful or not), with its tracking
+    segment and continuity event (s2h_ros.odometry.OdometryStep)."""
+    msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=bool(step.success), message=step.message,
+                                segment=int(step.segment), event=step.event)
     msg.keyframe_id = max(int(step.keyframe_id), 0)
     msg.keyframe_stamp = stamp_msg(step.keyframe_stamp)
     T = step.T_keyframe_scan if step.T_keyframe_scan is not None else (

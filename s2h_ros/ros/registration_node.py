@@ -10,6 +10,26 @@ latched PointCloud2 (``~/keyframe_cloud``); diagnostics report rate, latency, dr
 The base <- sensor extrinsic comes from the static TF tree when it has one (tf2, or /tf_static
 here), else from the ``sensor_to_base`` parameter; odom stays continuous when it changes
 (s2h_ros.ros.frames).
+
+Start-up: every failure is one stderr line naming the parameter and exit status 2 (a bad value,
+type or unknown name; ``registration.device`` naming a device that is not there;
+``registration.weights`` missing or not a checkpoint, loaded at start-up for that reason;
+``cloud_topic`` not a topic name; an empty ``odom_frame`` or a ``base_frame`` equal to it).
+
+Scans refused before registration, each answered by a failed RegistrationResult naming the
+problem and counted as ``bad_input`` (no TF, no odometry): a zero stamp (sec 0, nanosec 0: a
+driver that sets no time), a ``frame_id`` equal to the odom frame (a cloud already in odom; it
+would publish odom -> odom), a malformed PointCloud2. Stamp order is the odometry's
+(s2h_ros.odometry): a stamp not after the last scan's (a duplicate, a reordering) is refused
+there, and one more than ``odometry.max_gap`` seconds earlier (a looping bag) restarts it, event
+``time_reset``. The node then starts a new timeline: odom is again the base frame at that scan,
+the path is cleared, and TF, which otherwise never goes out with a stamp not after the last one
+published, follows the new stamps.
+
+Continuity: every result carries the odometry's ``segment`` and ``event``. ``new_segment`` and
+``time_reset`` (continuity lost) are logged as errors naming the scan, counted as ``resets`` in
+the diagnostics and turn its status to ERROR for the period in which they happened;
+``relocalised`` is a warning.
 """
 from __future__ import annotations
 
@@ -17,12 +37,14 @@ import sys
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from nav_msgs.msg import Odometry, Path
 from rclpy.clock import Clock, ClockType
+from rclpy.exceptions import InvalidTopicNameException
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -30,7 +52,7 @@ from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
-from s2h_ros import geometry
+from s2h_ros import geometry, stamps
 from s2h_ros.config import ConfigError
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep
 from s2h_ros.pipeline import Registrar, RegistrationError
@@ -44,6 +66,8 @@ from s2h_ros.ros.tf import ExtrinsicLookup, TfPublisher
 
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                      history=HistoryPolicy.KEEP_LAST)
+# Odometry events after which the published poses are not continuous with the ones before.
+CONTINUITY_LOST = ("new_segment", "time_reset")
 
 
 class RegistrationNode(Node):
@@ -51,33 +75,23 @@ class RegistrationNode(Node):
         super().__init__("registration_node", **kwargs)
         self.settings = declare_and_read(self)
         p = self.settings.node
-        self.odom_frame: str = p["odom_frame"]
-        self.base_frame: str = p["base_frame"]
+        self.odom_frame, self.base_frame = _frame_parameters(p)
         self.frames = OdomFrame(pose_parameter("sensor_to_base", p["sensor_to_base"]), has_base=bool(self.base_frame))
-        self.registrar = Registrar(self.settings.registration)
+        self.registrar, features = _start_registrar(self.settings.registration)
         self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
         self._rng = np.random.default_rng(0)
-
-        reliable = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-        qos = qos_profile_sensor_data if p["qos"] == "sensor_data" else reliable
-        self.sub = self.create_subscription(PointCloud2, p["cloud_topic"], self._on_cloud, qos)
-        self.pub_result = self.create_publisher(RegistrationResultMsg, "~/result", 10)
-        self.pub_odom = self.create_publisher(Odometry, "~/odometry", 10)
-        self.pub_path = self.create_publisher(Path, "~/path", 1)
-        self.pub_markers = self.create_publisher(MarkerArray, "~/correspondences", 1)
-        self.pub_keyframe = self.create_publisher(PointCloud2, "~/keyframe_cloud", LATCHED)
-        self._published_keyframe = -1
-        self.pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.tf = TfPublisher(self) if p["publish_tf"] else None
-        self.extrinsics = ExtrinsicLookup(self)
-        self._extrinsic_from_tf = False
+        self._create_interfaces(p)
         self.path_poses: deque = deque(maxlen=int(p["path_max_length"]))  # bounded: O(1) per scan
+        self._last_tf_ns: int | None = None  # stamp of the last TF sent (TF only goes forward in time)
+        self._segment = 0  # the odometry's segment at the last scan it saw
 
         # One-slot hand-over between the callback and the worker.
         self._cv = threading.Condition()
         self._pending: tuple[PointCloud2, float] | None = None  # (message, monotonic receipt time)
         self._stop = False
-        self.stats = {"received": 0, "processed": 0, "dropped": 0, "failed": 0, "bad_input": 0, "keyframes": 0}
+        self.stats = {"received": 0, "processed": 0, "dropped": 0, "failed": 0, "bad_input": 0, "keyframes": 0,
+                      "resets": 0}
+        self._lost_since_diagnostics: list[str] = []  # "scan N: event" since the last diagnostics
         self._latencies = deque(maxlen=200)
         self._done_times = deque(maxlen=50)
         self._scan_id = 0
@@ -88,8 +102,28 @@ class RegistrationNode(Node):
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(
             f"registering {p['cloud_topic']} ({p['qos']} QoS) on {self.settings.registration.device}, "
-            f"features={self.registrar.feature_kind()}, matcher={self.settings.registration.matcher}"
+            f"features={features}, matcher={self.settings.registration.matcher}"
         )
+
+    def _create_interfaces(self, p: dict[str, Any]) -> None:
+        """Subscription, publishers, TF; ConfigError naming ``cloud_topic`` when it is not a topic name."""
+        reliable = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        qos = qos_profile_sensor_data if p["qos"] == "sensor_data" else reliable
+        try:
+            self.sub = self.create_subscription(PointCloud2, p["cloud_topic"], self._on_cloud, qos)
+        except InvalidTopicNameException as exc:  # rclpy's text: "Invalid topic name: why:\n  'name'\n  ^"
+            why = str(exc).splitlines()[0].rstrip(":").split(": ", 1)[-1]
+            raise ConfigError(f"parameter cloud_topic: {p['cloud_topic']!r} is not a valid topic name: {why}") from None
+        self.pub_result = self.create_publisher(RegistrationResultMsg, "~/result", 10)
+        self.pub_odom = self.create_publisher(Odometry, "~/odometry", 10)
+        self.pub_path = self.create_publisher(Path, "~/path", 1)
+        self.pub_markers = self.create_publisher(MarkerArray, "~/correspondences", 1)
+        self.pub_keyframe = self.create_publisher(PointCloud2, "~/keyframe_cloud", LATCHED)
+        self._published_keyframe = -1
+        self.pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.tf = TfPublisher(self) if p["publish_tf"] else None
+        self.extrinsics = ExtrinsicLookup(self)
+        self._extrinsic_from_tf = False
 
     # ------------------------------------------------------------------ callback side
     def _on_cloud(self, msg: PointCloud2) -> None:
@@ -114,17 +148,25 @@ class RegistrationNode(Node):
                 if self._stop:
                     return
                 (msg, received), self._pending = self._pending, None
+                scan_id = self._scan_id
+                self._scan_id += 1
             try:
-                self._process(msg, received)
-            except Exception as exc:  # never let one scan kill the node
+                self._process(msg, received, scan_id)
+            except Exception as exc:  # a bug in one scan must not stop the node: answer it as failed
+                if not self.context.ok():  # shutting down: publishing fails, nobody listens
+                    return
                 self.stats["failed"] += 1
-                self.get_logger().error(f"scan {self._scan_id}: unexpected error: {exc!r}")
+                self._publish_failure(msg.header, scan_id, f"internal error: {type(exc).__name__}: {exc}",
+                                      log=self.get_logger().error)
 
-    def _process(self, msg: PointCloud2, received: float) -> None:
-        scan_id = self._scan_id
-        self._scan_id += 1
+    def _process(self, msg: PointCloud2, received: float, scan_id: int) -> None:
         stamp = msg.header.stamp
         sensor_frame = msg.header.frame_id or "sensor"
+        refusal = self._refusal(msg.header)
+        if refusal is not None:
+            self.stats["bad_input"] += 1
+            self._publish_failure(msg.header, scan_id, refusal)
+            return
         try:
             xyz, n_dropped = from_msg(msg)
         except PointCloud2Error as exc:
@@ -134,13 +176,16 @@ class RegistrationNode(Node):
         self._update_extrinsic(sensor_frame)
         step = self.odometry.step(xyz, messages.stamp_to_sec(stamp))
         self.stats["processed"] += 1
+        self._segment = step.segment
+        self._note_event(step, scan_id)
         if step.success:
-            self._publish_pose(step, stamp, sensor_frame)
+            self._publish_pose(step, stamp, sensor_frame, scan_id)
             if step.new_keyframe:
                 self.stats["keyframes"] += 1
         else:
             self.stats["failed"] += 1
-            self.get_logger().warn(f"scan {scan_id}: {step.message}")
+            if step.event not in CONTINUITY_LOST:  # those have their own error line
+                self.get_logger().warn(f"scan {scan_id}: {step.message}")
         self.pub_result.publish(messages.result_message(step, msg.header, scan_id))
         scan_pose = kf_pose = None
         if step.success:  # keyframe pose = scan pose composed with (keyframe <- scan)^-1
@@ -154,6 +199,31 @@ class RegistrationNode(Node):
         self._latencies.append(done - received)  # receipt -> published, wall clock
         self._done_times.append(done)
 
+    def _refusal(self, header: Header) -> str | None:
+        """Why a scan cannot be registered from its header alone (None: it can)."""
+        if header.stamp.sec == 0 and header.stamp.nanosec == 0:
+            return "stamp is zero (sec 0, nanosec 0): the driver set no time; not registered"
+        if header.frame_id == self.odom_frame:
+            return (f"frame_id {header.frame_id!r} is the odometry frame: a scan must be in its sensor frame "
+                    f"(registering it would publish {self.odom_frame} -> {self.odom_frame}); not registered")
+        return None
+
+    def _note_event(self, step: OdometryStep, scan_id: int) -> None:
+        """Log and count the odometry's continuity event; a time reset starts a new timeline."""
+        if step.event in CONTINUITY_LOST:
+            self.stats["resets"] += 1
+            with self._cv:
+                self._lost_since_diagnostics.append(f"scan {scan_id}: {step.event}")
+            self.get_logger().error(f"scan {scan_id}: {step.event} (segment {step.segment}): {step.message}")
+        elif step.event == "relocalised":
+            self.get_logger().warn(f"scan {scan_id}: relocalised (segment {step.segment}): {step.message}")
+        if step.event == "time_reset":
+            # The odometry restarted at identity: odom is again the base frame at this scan (the
+            # anchor from the extrinsic in use), and the path and TF's time order start again.
+            self.frames.set_extrinsic(self.frames.sensor_to_base, None)
+            self.path_poses.clear()
+            self._last_tf_ns = None
+
     def _update_extrinsic(self, sensor_frame: str) -> None:
         """Take base <- sensor from the static TF tree once it is known; until then the parameter.
         odom does not jump when it arrives after the first scans (OdomFrame.set_extrinsic)."""
@@ -165,11 +235,17 @@ class RegistrationNode(Node):
             self._extrinsic_from_tf = True
             self.get_logger().info(f"sensor extrinsic {self.base_frame} <- {sensor_frame} from TF")
 
-    def _publish_pose(self, step: OdometryStep, stamp, sensor_frame: str) -> None:
+    def _publish_pose(self, step: OdometryStep, stamp, sensor_frame: str, scan_id: int) -> None:
         T = self.frames.child_in_odom(step.pose)  # odom -> base (or -> sensor without a base frame)
         child = self.base_frame or sensor_frame
-        if self.tf is not None:
+        ns = stamps.stamp_ns(stamp)
+        if self._last_tf_ns is not None and ns <= self._last_tf_ns:
+            # The odometry refuses such stamps; this keeps TF's promise should it ever not.
+            self.get_logger().error(f"scan {scan_id}: no TF: stamp {ns} ns is not after the last TF's "
+                                    f"{self._last_tf_ns} ns")
+        elif self.tf is not None:
             self.tf.send(messages.transform_stamped(T, stamp, self.odom_frame, child))
+            self._last_tf_ns = ns
         twist, twist_cov = self.frames.twist_in_child(step.twist, step.twist_covariance)
         self.pub_odom.publish(messages.odometry(
             T, stamp, self.odom_frame, child, self.frames.covariance_in_odom(step.covariance, step.pose),
@@ -189,9 +265,11 @@ class RegistrationNode(Node):
         self.pub_keyframe.publish(to_msg(xyz, frame_id=self.odom_frame, stamp=stamp))
         self._published_keyframe = step.keyframe_id
 
-    def _publish_failure(self, header: Header, scan_id: int, text: str) -> None:
-        self.get_logger().warn(f"scan {scan_id}: {text}")
-        msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=False, message=text)
+    def _publish_failure(self, header: Header, scan_id: int, text: str, log=None) -> None:
+        """A failed result for a scan the odometry did not see (refused, malformed, internal error)."""
+        (log or self.get_logger().warn)(f"scan {scan_id}: {text}")
+        msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=False, message=text,
+                                    segment=self._segment)
         msg.transform.rotation.w = 1.0
         self.pub_result.publish(msg)
 
@@ -201,9 +279,13 @@ class RegistrationNode(Node):
         rate = 0.0
         if len(self._done_times) >= 2:
             rate = (len(self._done_times) - 1) / max(self._done_times[-1] - self._done_times[0], 1e-9)
+        with self._cv:
+            lost, self._lost_since_diagnostics = self._lost_since_diagnostics, []
         level = DiagnosticStatus.OK
         text = "tracking"
-        if st["processed"] and st["failed"] > 0.5 * st["processed"]:
+        if lost:
+            level, text = DiagnosticStatus.ERROR, f"continuity lost ({', '.join(lost)})"
+        elif st["processed"] and st["failed"] > 0.5 * st["processed"]:
             level, text = DiagnosticStatus.WARN, "more than half of the scans failed"
         status = DiagnosticStatus(level=level, name="s2h_ros: registration", message=text,
                                   hardware_id=self.get_fully_qualified_name())
@@ -213,16 +295,39 @@ class RegistrationNode(Node):
         self.pub_diag.publish(DiagnosticArray(header=Header(stamp=self.get_clock().now().to_msg()), status=[status]))
 
 
+def _frame_parameters(p: dict[str, Any]) -> tuple[str, str]:
+    """``(odom_frame, base_frame)``; ConfigError for frames that would publish odom -> odom."""
+    if not p["odom_frame"]:
+        raise ConfigError("parameter odom_frame: must not be empty")
+    if p["base_frame"] == p["odom_frame"]:
+        raise ConfigError(f"parameter base_frame: {p['base_frame']!r} is odom_frame too (would publish "
+                          f"{p['odom_frame']} -> {p['odom_frame']}); name the robot base, or leave it empty "
+                          "for the sensor frame")
+    return p["odom_frame"], p["base_frame"]
+
+
+def _start_registrar(cfg) -> tuple[Registrar, str]:
+    """The registrar and its feature kind, the weights loaded now: a device that is not there or
+    weights that cannot be read stop the start-up with a ConfigError naming the parameter, instead
+    of failing every scan."""
+    try:
+        registrar = Registrar(cfg)
+    except RegistrationError as exc:
+        raise ConfigError(f"parameter registration.device: {exc}") from None
+    try:
+        features = registrar.feature_kind()  # loads the weights when the features are learned
+    except RegistrationError as exc:
+        shipped = "" if cfg.weights else " (empty: the shipped weights)"
+        raise ConfigError(f"parameter registration.weights{shipped}: {exc}") from None
+    return registrar, features
+
+
 def main(argv: list[str] | None = None) -> int:
     rclpy.init(args=argv if argv is not None else sys.argv)
     try:
         node = RegistrationNode()
-    except ConfigError as exc:
-        print(f"registration_node: invalid configuration: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    except RegistrationError as exc:  # e.g. device cuda without CUDA
-        print(f"registration_node: cannot start the registration: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # every start-up failure names its parameter (see the module text)
+        print(f"registration_node: invalid configuration: {' '.join(str(exc).split())}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
     try:
