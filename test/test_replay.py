@@ -37,7 +37,11 @@ def _check_report(out: Path, frames: int) -> dict:
     assert report["scans_trusted"] >= frames - 1, report
     assert report["metrics"]["ate_rmse_m"] < ATE_BOUND_M, report
     assert report["metrics"]["t_err_pct"] is None  # 58 m: no 100 m KITTI segment, null not NaN
+    assert report["interrupted"] is None and report["scans_in_flight"] == 0
+    assert report["events"].get("initialised") == 1 and "time_reset" not in report["events"], report["events"]
     assert (out / "trajectory.png").stat().st_size > 1000
+    assert len((out / "poses_estimated.txt").read_text().splitlines()) == frames  # KITTI rows, one per scan
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files behind
     return report
 
 

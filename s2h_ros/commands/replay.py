@@ -4,16 +4,28 @@ Starts ``registration_node`` as its own process with ``config/register.yaml`` an
 ``config/kitti.yaml`` (plus ``--params-file``), publishes the scans from this process, and at the
 end prints and writes the sequence metrics and a top-view trajectory plot: what
 ``ros2 launch s2h_ros kitti_replay.launch.py`` does on a full ROS 2 install.
+
+Exit status: 0 done; 1 registration_node never appeared; 2 bad input (an unreadable source, an
+output folder that cannot be written: one stderr line names it; results are still printed when
+only the final files fail); 130 / 143 stopped by SIGINT / SIGTERM, with the metrics of the scans
+answered so far written (s2h_ros.ros.kitti_replay).
+
+The node process dies with this one, whatever ends it (``kill -9`` included): see
+:func:`registration_node_process`.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+EXIT_BAD_INPUT = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,15 +75,58 @@ def node_command(params_files: list[Path], overrides: list[str]) -> list[str]:
     return cmd
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# What the kernel sends the node when its parent dies. SIGTERM, not SIGKILL: the node's rclpy
+# handler shuts it down as `kill <pid>` would (DDS participant and shared-memory segments released,
+# the scan in flight abandoned within a second or two), and before rclpy is up Python's default
+# action for SIGTERM ends the process at once.
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+
+
+def _prctl():
+    """libc's prctl, looked up before any fork (Linux; None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent_preexec():
+    """A ``preexec_fn`` (or None where unsupported) that makes the child die with this process.
+
+    Linux ``prctl(PR_SET_PDEATHSIG)``: the kernel signals the child when the parent dies, however
+    it dies (``kill -9`` included, which no handler or ``finally`` here can see). It is set between
+    fork and exec, so the node itself stays an ordinary program that runs standalone. Two caveats
+    handled or documented: a parent that died before the call left the child orphaned already
+    (checked with getppid, then the child exits); and the signal follows the *thread* that forked,
+    so start the node from a thread that lives as long as it should (the main thread, as ``s2h
+    replay``, the benchmarks and the tests do)."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl
+            os._exit(1)
+
+    return preexec
+
+
 @contextmanager
 def registration_node_process(log_path: Path, params_files: list[Path] = (), overrides: list[str] = (),
                               env: dict[str, str] | None = None):
     """registration_node as its own process (output to ``log_path``; environment ``env``, default
-    this process's), stopped with SIGINT on exit."""
+    this process's), stopped with SIGINT on exit, and signalled by the kernel if this process dies
+    first (:func:`die_with_parent_preexec`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(node_command(list(params_files), list(overrides)), stdout=log,
-                                stderr=subprocess.STDOUT, env=dict(os.environ) if env is None else env)
+                                stderr=subprocess.STDOUT, env=dict(os.environ) if env is None else env,
+                                preexec_fn=die_with_parent_preexec())
         try:
             yield proc
         finally:
@@ -85,7 +140,9 @@ def registration_node_process(log_path: Path, params_files: list[Path] = (), ove
 
 def run(args: argparse.Namespace) -> int:
     import rclpy
+    from rclpy.signals import SignalHandlerOptions
 
+    from s2h_ros.outputs import check_writable
     from s2h_ros.ros.kitti_replay import run_replay
     from s2h_ros.ros.replay import SequenceReplayer
 
@@ -93,16 +150,22 @@ def run(args: argparse.Namespace) -> int:
         sequence = _load_sequence(args)
     except (OSError, ValueError) as exc:
         print(f"s2h replay: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    try:
+        check_writable(args.out)
+    except OSError as exc:
+        print(f"s2h replay: cannot write --out {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     log_path = args.out / "registration_node.log"
     with registration_node_process(log_path, args.params_file, args.param) as node_proc:
-        print(f"started registration_node (pid {node_proc.pid}), log: {log_path}")
-        rclpy.init(args=[])
+        print(f"started registration_node (pid {node_proc.pid}), log: {log_path}", flush=True)
+        # No rclpy signal handlers: SIGINT/SIGTERM stop the replay, which then writes its metrics.
+        rclpy.init(args=[], signal_handler_options=SignalHandlerOptions.NO)
         end = -1 if args.frames < 0 else args.start + args.frames
         node = SequenceReplayer(sequence, topic="points", frame_id=getattr(sequence[0], "frame_id", "velodyne"),
                                 discovery_timeout=args.discovery_timeout, end=end, start=args.start,
                                 rate=args.rate, output_dir=str(args.out))
-        code = run_replay(node)
+        code = run_replay(node, prog="s2h replay")
     if node_proc.returncode not in (0, -signal.SIGINT):
         print(f"registration_node exited with {node_proc.returncode}; see {log_path}", file=sys.stderr)
     return code

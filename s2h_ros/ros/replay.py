@@ -4,8 +4,9 @@
 PointCloud2 with ``/clock``, the ground-truth odometry beside it, and records the node's
 odometry and results. At a fixed rate (``rate`` Hz; scans the node cannot keep up with are
 dropped by the node, as on a robot) or in lock-step (``rate`` = 0: the next scan goes out when
-the node has answered the previous one). At the end it writes the sequence metrics (JSON) and a
-top-view trajectory plot.
+the node has answered the previous one). ``request_stop`` (a signal handler's) ends a run after
+the scan in hand. At the end the sequence metrics of the scans answered so far (JSON), the
+estimated poses (KITTI text) and a top-view trajectory plot are written, each atomically.
 
 Its settings are ROS parameters (``REPLAY_PARAMETERS``, declared on this node, so ``--ros-args
 --params-file config/kitti.yaml`` and ``ros2 param`` reach them); constructor keywords change their
@@ -15,6 +16,7 @@ defaults. With a ``base_frame`` it publishes ``base_frame -> frame_id`` from ``s
 from __future__ import annotations
 
 import dataclasses
+import io
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from s2h_ros import geometry, stamps
 from s2h_ros.config import ConfigError
 from s2h_ros.datasets.types import Sequence
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
-from s2h_ros.outputs import write_json
+from s2h_ros.outputs import write_json, write_text
 from s2h_ros.ros import messages
 from s2h_ros.ros.parameters import REPLAY_PARAMETERS, coerce, declare_all, pose_parameter
 from s2h_ros.ros.pointcloud2 import to_msg
@@ -101,6 +103,7 @@ class SequenceReplayer(Node):
         self.pub_gt = self.create_publisher(Odometry, "~/ground_truth", 10)
         self.record = ReplayRecord()
         self._cv = threading.Condition()
+        self._stop_requested = False
         self.create_subscription(Odometry, f"/{node_name}/odometry", self._on_odom, RELIABLE)
         self.create_subscription(RegistrationResultMsg, f"/{node_name}/result", self._on_result, RELIABLE)
 
@@ -120,18 +123,31 @@ class SequenceReplayer(Node):
                 "num_inliers": int(msg.num_inliers), "inlier_ratio": float(msg.inlier_ratio),
                 "fitness": float(msg.fitness), "total_time_ms": float(msg.total_time_ms),
                 "stages_ms": dict(zip(msg.stage_names, map(float, msg.stage_times_ms))),
+                "segment": int(msg.segment), "event": msg.event,
             }
             self.record.result_wall[key] = time.monotonic()
             self._cv.notify_all()
 
-    def wait_for(self, predicate, timeout: float) -> bool:
-        """Wait (executor spinning elsewhere) until ``predicate()`` holds or ``timeout`` passes."""
+    def request_stop(self) -> None:
+        """End ``run`` and the waits after the scan in hand (safe from a signal handler)."""
         with self._cv:
-            return self._cv.wait_for(predicate, timeout=timeout)
+            self._stop_requested = True
+            self._cv.notify_all()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def wait_for(self, predicate, timeout: float) -> bool:
+        """Wait (executor spinning elsewhere) until ``predicate()`` holds, ``timeout`` passes or a
+        stop is requested; whether ``predicate()`` holds."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._stop_requested or predicate(), timeout=timeout)
+            return bool(predicate())
 
     def wait_for_subscriber(self, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._stop_requested:
             if self.pub_cloud.get_subscription_count() > 0 and self.count_publishers(self._result_topic()) > 0:
                 return True
             with self._cv:
@@ -161,7 +177,8 @@ class SequenceReplayer(Node):
 
     def run(self, rate: float = 10.0, start: int = 0, end: int | None = None, answer_timeout: float = 60.0,
             settle_timeout: float = 10.0, progress=None) -> None:
-        """Publish scans ``start..end``; lock-step when ``rate`` <= 0. Returns when answers are in."""
+        """Publish scans ``start..end``; lock-step when ``rate`` <= 0. Returns when answers are in,
+        or at once after ``request_stop``."""
         end = len(self.sequence) if end is None else min(end, len(self.sequence))
         period = 1.0 / rate if rate > 0 else 0.0
         next_time = time.monotonic()
@@ -169,12 +186,14 @@ class SequenceReplayer(Node):
             if period:
                 delay = next_time - time.monotonic()
                 if delay > 0:
-                    with self._cv:
-                        self._cv.wait(delay)  # pacing, not synchronisation
+                    with self._cv:  # pacing, not synchronisation
+                        self._cv.wait_for(lambda: self._stop_requested, delay)
                 next_time += period
+            if self._stop_requested:
+                return
             key = self.publish_scan(i)
             if not period:
-                if not self.wait_for(lambda: key in self.record.results, answer_timeout):
+                if not self.wait_for(lambda: key in self.record.results, answer_timeout) and not self._stop_requested:
                     self.get_logger().warn(f"scan {i}: no answer within {answer_timeout} s")
             if progress is not None:
                 progress(i)
@@ -185,20 +204,35 @@ class SequenceReplayer(Node):
 
 
 def evaluate_replay(sequence: Sequence, record: ReplayRecord, out_dir: Path,
-                    sensor_to_base: np.ndarray | None = None, name: str = "s2h") -> dict:
-    """Sequence metrics of the node's trusted poses against ground truth; JSON + plot in ``out_dir``.
+                    sensor_to_base: np.ndarray | None = None, name: str = "s2h",
+                    interrupted: str | None = None) -> dict:
+    """:func:`replay_report` written by :func:`write_replay_outputs` into ``out_dir``; the report."""
+    report, est, gt = replay_report(sequence, record, sensor_to_base, name, interrupted)
+    write_replay_outputs(out_dir, report, est, gt, f"{getattr(sequence, 'name', 'sequence')}: top view")
+    return report
+
+
+def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.ndarray | None = None,
+                  name: str = "s2h", interrupted: str | None = None) -> tuple[dict, np.ndarray, np.ndarray | None]:
+    """Sequence metrics of the node's trusted poses against ground truth: ``(report, estimated
+    (N, 4, 4), ground truth (N, 4, 4) or None)`` over the N published scans evaluated.
 
     Scans without a trusted pose (failed or dropped) hold the previous pose, as a consumer of the
-    published odometry would; their count is reported beside the metrics.
+    published odometry would; their count is reported beside the metrics, and so are the node's
+    continuity events (``relocalised``, ``new_segment``, ``time_reset``). ``interrupted``: the
+    signal that ended the replay early; the report then covers the scans up to the last one
+    answered (those published after it were in flight, not dropped: ``scans_in_flight``).
     """
     from s2h_ros.evaluation.metrics import sequence_metrics
-    from s2h_ros.evaluation.plots import trajectories_top_view
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     T_bs = np.eye(4) if sensor_to_base is None else sensor_to_base
     T_sb = geometry.invert_transform(T_bs)
-    stamps = record.stamps_ns
+    stamps = list(record.stamps_ns)
+    in_flight = 0
+    while interrupted and stamps and stamps[-1] not in record.results:
+        stamps.pop()
+        in_flight += 1
+    indices = record.indices[:len(stamps)]
     est, have = [], 0
     last = np.eye(4)
     for key in stamps:
@@ -207,28 +241,49 @@ def evaluate_replay(sequence: Sequence, record: ReplayRecord, out_dir: Path,
             have += 1
         est.append(last)
     est = np.stack(est) if est else np.zeros((0, 4, 4))
+    answered = [record.results[k] for k in stamps if k in record.results]
+    events: dict[str, int] = {}
+    for r in answered:
+        if r.get("event"):
+            events[r["event"]] = events.get(r["event"], 0) + 1
     report: dict = {
         "method": name,
-        "scans_published": len(stamps),
-        "scans_answered": sum(k in record.results for k in stamps),
+        "interrupted": interrupted,
+        "scans_published": len(record.stamps_ns),
+        "scans_answered": len(answered),
         "scans_trusted": have,
-        "scans_failed": sum(1 for k in stamps if k in record.results and not record.results[k]["success"]),
-        "scans_dropped": sum(k not in record.results for k in stamps),
+        "scans_failed": sum(1 for r in answered if not r["success"]),
+        "scans_dropped": len(stamps) - len(answered),
+        "scans_in_flight": in_flight,
+        "events": events,
     }
     latencies = [record.odom_wall[k] - record.publish_wall[k] for k in stamps if k in record.odom_wall]
     if latencies:
         report["latency_ms"] = {"p50": 1e3 * float(np.percentile(latencies, 50)),
                                 "p95": 1e3 * float(np.percentile(latencies, 95))}
-    times = [record.results[k]["total_time_ms"] for k in stamps if k in record.results]
+    times = [r["total_time_ms"] for r in answered]
     if times:
         report["registration_ms"] = {"p50": float(np.percentile(times, 50)), "p95": float(np.percentile(times, 95))}
-    gt_all = sequence.poses
-    if gt_all is not None and len(stamps):
-        gt = gt_all[record.indices]
+    gt = None
+    if sequence.poses is not None and len(stamps):
+        gt = sequence.poses[indices]
         gt = np.einsum("ij,njk->nik", geometry.invert_transform(gt[0]), gt)
         report["metrics"] = sequence_metrics(gt, est)
-        report["plot"] = str(trajectories_top_view(gt, {name: est}, out_dir / "trajectory.png",
-                                                   title=f"{getattr(sequence, 'name', 'sequence')}: top view"))
-    np.savetxt(out_dir / "poses_estimated.txt", est[:, :3, :].reshape(len(est), 12) if len(est) else np.zeros((0, 12)))
+    return report, est, gt
+
+
+def write_replay_outputs(out_dir: Path, report: dict, est: np.ndarray, gt: np.ndarray | None,
+                         title: str = "") -> None:
+    """``trajectory.png`` (with ground truth), ``poses_estimated.txt`` (KITTI rows) and
+    ``metrics.json`` in ``out_dir``, each atomically, the metrics last (they name the plot, which
+    ``report["plot"]`` then holds). An OSError names the file that could not be written."""
+    from s2h_ros.evaluation.plots import trajectories_top_view
+
+    out_dir = Path(out_dir)
+    if gt is not None:
+        report["plot"] = str(trajectories_top_view(gt, {report["method"]: est}, out_dir / "trajectory.png",
+                                                   title=title))
+    rows = io.StringIO()
+    np.savetxt(rows, est[:, :3, :].reshape(len(est), 12))
+    write_text(out_dir / "poses_estimated.txt", rows.getvalue())
     write_json(out_dir / "metrics.json", report)
-    return report
