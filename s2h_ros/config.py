@@ -48,6 +48,7 @@ class RegistrationConfig:
     fpfh_slack_score: float = field(default=-5.0, metadata=_meta("slack score when the features are FPFH", -1e3, 1e3))
     outlier_profit: str = field(default="scaled_inverse_variance", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance (measured default, docs/matching.md), slack, constant"))
     outlier_scale: float = field(default=-1.0, metadata=_meta("scale of the outlier-profit rule; negative: the rule's calibrated default", -1.0, 1e6))
+    prior_radius: float = field(default=1.5, metadata=_meta("tracking: metres around each voxel's predicted position searched for S2H candidates (how far the motion prior may be off)", 0.01, 1000.0))
     min_matches: int = field(default=300, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard when the calibrated rule keeps too few pairs)", 0, 1_000_000))
 
     use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))
@@ -85,6 +86,7 @@ class OdometryConfig:
     keyframe_min_inlier_ratio: float = field(default=0.3, metadata=_meta("new keyframe when the inlier ratio falls below this", 0.0, 1.0))
     max_failures: int = field(default=3, metadata=_meta("consecutive failed scans before tracking counts as lost: relocalisation against the kept keyframes, else a new segment", 1, 1000))
     min_points: int = field(default=100, metadata=_meta("scans with fewer valid points are rejected", 3, 10_000_000))
+    tracking: bool = field(default=True, metadata=_meta("while the motion prior is trusted, S2H candidates come from around each voxel's predicted position (fast); the global feature search runs at start-up, after failures, gaps and relocalisation"))
     use_motion_prior: bool = field(default=True, metadata=_meta("check each global result against ICP from the constant-velocity prediction (the better explanation wins, a tie is not trusted); that ICP alone is accepted when the global result fails"))
     max_gap: float = field(default=1.0, metadata=_meta("seconds without a trusted scan after which the motion prior is not trusted (a failure then means lost at once); stamps this far backwards reset the odometry", 0.01, 3600.0))
     ambiguity_margin: float = field(default=0.05, metadata=_meta("two disagreeing hypotheses (global, motion prior): the winner must explain this much more of the scan within inlier_distance / 2, else neither is trusted", 0.0, 1.0))

@@ -24,6 +24,7 @@ cannot trust.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ class OdometryStep:
     event: str = ""
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (deque.remove): the arrays have no truth value
 class Keyframe:
     cloud: PreparedCloud
     pose: np.ndarray  # (4, 4) sensor pose in the odometry frame
@@ -153,12 +154,24 @@ class KeyframeOdometry:
     # ------------------------------------------------------------------ stages
     def _register(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray,
                   prior_trusted: bool) -> RegistrationResult:
-        """Global registration, checked against ICP from the prediction (see the module text)."""
-        result = self.registrar.register(prepared, keyframe.cloud, init=prior)
-        if not self.cfg.use_motion_prior:
-            return result
-        local = self.registrar.refine(prepared, keyframe.cloud, prior, result.correspondences)
-        return self._arbitrate(result, local, prior_trusted)
+        """Tracking (S2H on candidates around the predicted positions) while the prior is trusted,
+        the global search otherwise or when tracking is not trusted; each result checked against
+        ICP from the prediction (see the module text)."""
+        t0 = time.perf_counter()
+        local = None
+        searches = ["prior", "global"] if prior_trusted and self.cfg.tracking else ["global"]
+        for search in searches:
+            result = self.registrar.register(prepared, keyframe.cloud, init=prior, search=search)
+            if not self.cfg.use_motion_prior:
+                checked = result
+            else:
+                if local is None:
+                    local = self.registrar.refine(prepared, keyframe.cloud, prior, result.correspondences)
+                checked = self._arbitrate(result, local, prior_trusted and search == "global")
+            if checked.success:
+                break
+        checked.timings["total"] = 1e3 * (time.perf_counter() - t0)  # every attempt, wall clock
+        return checked
 
     def _arbitrate(self, global_: RegistrationResult, local: RegistrationResult,
                    prior_trusted: bool) -> RegistrationResult:

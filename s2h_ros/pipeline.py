@@ -105,6 +105,7 @@ class RegistrationResult:
     inlier_ratio: float = 0.0
     fitness: float = 0.0
     fitness_fine: float = 0.0  # fraction of source voxels within inlier_distance / 2 (compares hypotheses)
+    search: str = "global"  # candidate search: global (feature k-NN), prior (tracking) or icp (refine only)
     weight_sum: float = 0.0
     used_fallback: bool = False
     feature_kind: str = ""
@@ -132,6 +133,7 @@ class RegistrationResult:
             "weight_sum": self.weight_sum,
             "used_fallback": self.used_fallback,
             "feature_kind": self.feature_kind,
+            "search": self.search,
             "timings_ms": self.timings,
             "dropped_points": self.dropped_points,
             "correspondences": self.correspondences.tolist(),
@@ -286,13 +288,17 @@ class Registrar:
         source: np.ndarray | PreparedCloud,
         target: np.ndarray | PreparedCloud,
         init: np.ndarray | None = None,
+        search: str = "global",
     ) -> RegistrationResult:
         """Transform mapping ``source`` into ``target``'s frame (arrays or prepared clouds).
 
         ``init``: a prior transform (e.g. a constant-velocity prediction), the ICP start when
-        there are too few correspondences for RANSAC. (``KeyframeOdometry`` also refines from its
-        prior when this global result is not trusted.) The stages run on the clouds' local
-        coordinates (``PreparedCloud.origin``); ``init`` and the result are in the input frames.
+        there are too few correspondences for RANSAC. ``search``: where S2H looks for candidate
+        partners: ``global`` (each voxel's k nearest in feature space, both ways: any motion) or
+        ``prior`` (tracking: the k best in feature space among the target voxels within
+        ``prior_radius`` of where ``init`` puts the source voxel; needs ``init``, S2H matcher
+        only). The stages run on the clouds' local coordinates (``PreparedCloud.origin``);
+        ``init`` and the result are in the input frames.
         """
         cfg = self.config
         t_start = time.perf_counter()
@@ -305,8 +311,20 @@ class Registrar:
                 for k, v in prepared.timings.items():
                     timer.ms[k] = timer.ms.get(k, 0.0) + v
 
+        support = None
+        if search == "prior" and cfg.matcher == "s2h":
+            if init is None:
+                raise ValueError("search='prior' needs init (the motion prior)")
+            with timer.stage("support"):
+                from s2h_ros.matching import prior_support
+
+                local_init = geometry.shift_transform(init, -src.origin, -tgt.origin)
+                predicted = geometry.apply_transform(local_init, src.xyz.astype(np.float64))
+                support = prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
+        elif search not in ("global", "prior"):
+            raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
         with timer.stage("match", self.device):
-            pairs, probs, n_cand = match_features(src.features, tgt.features, cfg, src.feature_kind)
+            pairs, probs, n_cand = match_features(src.features, tgt.features, cfg, src.feature_kind, support)
         with timer.stage("inlier", self.device):
             weights, learned = self._inlier_weights(src.xyz, tgt.xyz, pairs, probs)
         weight_sum = float(weights.sum())
@@ -338,6 +356,7 @@ class Registrar:
                 T = refine_icp(src.xyz, tgt.xyz, T, cfg, tgt.normals(cfg.voxel_size))
         result = self._verified_result(src, tgt, T, pairs, weights, timer, message=message)
         result.num_candidates, result.weight_sum, result.used_fallback = int(n_cand), weight_sum, used_fallback
+        result.search = search
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
 
@@ -355,6 +374,7 @@ class Registrar:
                            cfg, target.normals(cfg.voxel_size))
         result = self._verified_result(source, target, T, pairs, np.ones(len(pairs), np.float32), timer,
                                        require_inliers=False)
+        result.search = "icp"
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
 
@@ -442,9 +462,10 @@ def fpfh_features(xyz: np.ndarray, voxel: float) -> np.ndarray:
 
 
 def s2h_correspondences(feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig,
-                        feature_kind: str = "fcgf"):
+                        feature_kind: str = "fcgf", support: tuple[torch.Tensor, torch.Tensor] | None = None):
     """S2H matches ``(src_idx (K,), tgt_idx (K,))`` int64, ``P`` on them ``(K,)`` (differentiable in
     the features: the trainers use it too) and the :class:`MatchResult`, on the features' device.
+    ``support``: candidate edges (tracking, ``matching.prior_support``); default the feature k-NN.
 
     Fewer than ``cfg.min_matches``: the H-step again with the authors' constant outlier profit.
     Weak features (e.g. FPFH) leave P flat and the calibrated rule matches almost nothing; the
@@ -462,6 +483,7 @@ def s2h_correspondences(feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: Registr
         slack_score=slack_score,
         outlier_profit=cfg.outlier_profit,
         scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
+        support=support,
     )
     if len(m.src_idx) >= cfg.min_matches:
         return m.src_idx, m.tgt_idx, m.p_values, m
@@ -476,11 +498,13 @@ def s2h_correspondences(feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: Registr
 
 
 def match_features(
-    feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig, feature_kind: str = "fcgf"
+    feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig, feature_kind: str = "fcgf",
+    support: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Correspondences ``(K, 2)``, their matching probability ``(K,)`` and the candidate count."""
+    """Correspondences ``(K, 2)``, their matching probability ``(K,)`` and the candidate count.
+    ``support`` (S2H only): candidate edges from a motion prior instead of the feature k-NN."""
     if cfg.matcher == "s2h":
-        src, tgt, probs, m = s2h_correspondences(feat_x, feat_y, cfg, feature_kind)
+        src, tgt, probs, m = s2h_correspondences(feat_x, feat_y, cfg, feature_kind, support)
         pairs = torch.stack([src, tgt], 1).cpu().numpy().astype(np.int64)
         return pairs, probs.detach().cpu().numpy().astype(np.float32), int(m.rows.numel())
     from s2h_ros.matching import feature_knn

@@ -207,3 +207,24 @@ def test_a_failed_global_result_is_replaced_by_the_prior_only_while_the_prior_is
     odo = KeyframeOdometry(FAST)
     assert odo._arbitrate(_hypothesis(0.0, 0.5, success=False), _hypothesis(1.0, 0.8), True).success
     assert not odo._arbitrate(_hypothesis(0.0, 0.5, success=False), _hypothesis(1.0, 0.8), False).success
+
+
+def test_lost_tracking_is_found_again_against_an_older_kept_keyframe(vlp16_town, default_odometry_registrar):
+    """Back to a place seen a few keyframes ago (the current keyframe no longer overlaps): after
+    max_failures the scan is registered against the kept keyframes and tracking goes on there."""
+    seq, gt = vlp16_town
+    odo = KeyframeOdometry(odometry=OdometryConfig(keyframe_distance=4.0, relocalisation_keyframes=8),
+                           registrar=default_odometry_registrar)
+    frames = list(range(0, 60, 2))
+    steps = _track(odo, seq, frames, seq.stamps[frames])
+    assert all(s.success for s in steps)
+    current = odo.keyframes[-1].id
+    home = frames[len(frames) // 2]  # well behind the current keyframe, still among the kept ones
+    assert np.linalg.norm(gt[home, :3, 3] - gt[frames[-1], :3, 3]) > 15
+    after = _track(odo, seq, [home + 1] * 3, seq.stamps[frames[-1]] + 0.1 * np.arange(1, 4))
+    found = after[-1]
+    assert [s.success for s in after[:-1]] == [False, False] and found.event == "relocalised", \
+        [(s.event, s.message) for s in after]
+    assert found.keyframe_id < current and found.segment == 0
+    assert geometry.transform_errors(found.pose, gt[home + 1])[1] < 0.3
+    assert found.new_keyframe or odo.keyframes[-1].id == found.keyframe_id  # tracking goes on from there

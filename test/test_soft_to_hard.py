@@ -126,3 +126,50 @@ def test_s2h_match_is_differentiable_in_the_features():
     res = s2h_match(fx, fy, k=4, iters=5, temperature=0.1, slack_score=-3.0)
     res.p_values.sum().backward()
     assert torch.isfinite(fx.grad).all() and fx.grad.abs().sum() > 0
+
+
+def _scene_with_features(n: int, seed: int):
+    """Points in a 20 m box and random unit features; the target is the source moved by T with
+    its features copied (plus noise), so each source point's true partner is known."""
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(seed)
+    src = rng.uniform(-10, 10, (n, 3))
+    angle = np.radians(10.0)
+    R = np.array([[np.cos(angle), -np.sin(angle), 0], [np.sin(angle), np.cos(angle), 0], [0, 0, 1]])
+    T = np.eye(4)
+    T[:3, :3], T[:3, 3] = R, [1.5, -0.5, 0.1]
+    tgt = src @ R.T + T[:3, 3]
+    g = torch.Generator().manual_seed(seed)
+    fx = torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=1)
+    fy = torch.nn.functional.normalize(fx + 0.05 * torch.randn(n, 16, generator=g), dim=1)
+    return src, tgt, T, fx, fy, cKDTree(tgt)
+
+
+def test_prior_support_keeps_only_partners_near_the_predicted_position():
+    from s2h_ros.matching import prior_support
+
+    src, tgt, T, fx, fy, tree = _scene_with_features(2000, seed=3)
+    predicted = src @ T[:3, :3].T + T[:3, 3] + np.array([0.4, 0.0, 0.0])  # a prior 0.4 m off
+    rows, cols = prior_support(predicted, tree, fx, fy, radius=1.0, k=4)
+    r, c = rows.numpy(), cols.numpy()
+    assert np.all(np.diff(r * len(tgt) + c) > 0)  # unique, sorted by row then column
+    assert np.all(np.linalg.norm(tgt[c] - predicted[r], axis=1) <= 1.0 + 1e-9)
+    assert np.bincount(r, minlength=len(src)).max() <= 4
+    # The true partner (same index) is within the radius, and the best in feature space there.
+    assert np.mean(np.isin(np.arange(len(src)) * len(tgt) + np.arange(len(src)), r * len(tgt) + c)) > 0.99
+    # A prior off by more than the radius leaves every point without candidates.
+    far = prior_support(predicted + 50.0, tree, fx, fy, radius=1.0, k=4)
+    assert far[0].numel() == 0
+
+
+def test_s2h_on_the_prior_support_recovers_the_true_partners():
+    from s2h_ros.matching import prior_support
+
+    src, tgt, T, fx, fy, tree = _scene_with_features(2000, seed=4)
+    predicted = src @ T[:3, :3].T + T[:3, 3]
+    support = prior_support(predicted, tree, fx, fy, radius=1.5, k=8)
+    res = s2h_match(fx, fy, iters=10, temperature=0.05, slack_score=-4.0, support=support)
+    src_idx, tgt_idx = res.src_idx.numpy(), res.tgt_idx.numpy()
+    assert len(src_idx) >= 0.95 * len(src) and np.mean(src_idx == tgt_idx) > 0.98
+    assert res.stats["edges"] == support[0].numel()

@@ -12,7 +12,7 @@ from s2h_ros.matching.assignment import (
     partial_permutation_profit,
     sparse_partial_permutation,
 )
-from s2h_ros.matching.candidates import candidate_support, feature_knn
+from s2h_ros.matching.candidates import candidate_support, feature_knn, prior_support
 from s2h_ros.matching.losses import inlier_count_loss, matching_loss, motion_loss, s2h_loss
 from s2h_ros.matching.sinkhorn import augmented_sinkhorn, sparse_augmented_sinkhorn
 from s2h_ros.matching.soft_to_hard import (
@@ -41,6 +41,7 @@ __all__ = [
     "outlier_profits",
     "partial_permutation",
     "partial_permutation_profit",
+    "prior_support",
     "s2h_loss",
     "s2h_match",
     "soft_to_hard",

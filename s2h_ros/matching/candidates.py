@@ -1,4 +1,6 @@
-"""Sparse candidate support for S2H at lidar scale: each point's k nearest neighbours in feature space, both ways.
+"""Sparse candidate support for S2H at lidar scale: each point's k nearest neighbours in feature
+space, both ways (global search), or, with a motion prior, the k best in feature space among the
+points near each point's predicted position (tracking, :func:`prior_support`).
 
 A dense ``Nx x Ny`` score matrix is 400M entries at 20k points; the support keeps the pairs that
 can carry probability mass (a point's k best partners seen from either cloud). The search is
@@ -13,6 +15,7 @@ the result is exact, at about a third of the time of a full-row ``topk`` on the 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 GROUP = 32  # entries per group in the grouped selection (fastest of 4..128 measured on a CPU)
@@ -89,4 +92,32 @@ def candidate_support(feat_x: torch.Tensor, feat_y: torch.Tensor, k: int = 16) -
     iy = torch.arange(n_y, device=feat_x.device)[:, None].expand_as(nn_x)
     keys = torch.cat([ix.reshape(-1) * n_y + nn_y.reshape(-1), nn_x.reshape(-1) * n_y + iy.reshape(-1)])
     keys = torch.unique(keys)
+    return keys // n_y, keys % n_y
+
+
+def prior_support(predicted_x: np.ndarray, tree_y, feat_x: torch.Tensor, feat_y: torch.Tensor, radius: float,
+                  k: int = 16, candidates: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges ``(rows (E,), cols (E,))`` int64, unique, sorted: for each x, the ``k`` y in feature
+    order among the ``candidates`` y nearest to x's predicted position within ``radius``.
+
+    The tracking-mode support: ``predicted_x (Nx, 3)`` are x's points moved by a motion prior into
+    y's frame, ``tree_y`` a scipy cKDTree of y's points. The spatial search runs on the CPU
+    (``cKDTree``, built once per keyframe); the feature ranking on the features' device. Points
+    with no y within ``radius`` get no edge (they stay unmatched).
+    """
+    _check_features("feat_x", feat_x)
+    _check_features("feat_y", feat_y)
+    n_y = feat_y.shape[0]
+    m = min(int(candidates), n_y)
+    _, near = tree_y.query(np.asarray(predicted_x, dtype=np.float64), k=m, distance_upper_bound=radius)
+    near = torch.as_tensor(np.asarray(near, dtype=np.int64).reshape(len(predicted_x), m), device=feat_x.device)
+    valid = near < n_y
+    cols = torch.where(valid, near, torch.zeros_like(near))
+    with torch.no_grad():
+        d = ((feat_x.detach()[:, None, :] - feat_y.detach()[cols]) ** 2).sum(-1)  # (Nx, m)
+        d = torch.where(valid, d, torch.full_like(d, float("inf")))
+        dist, pos = torch.topk(d, min(int(k), m), dim=1, largest=False)
+    rows = torch.arange(len(predicted_x), device=feat_x.device)[:, None].expand_as(pos)
+    keep = torch.isfinite(dist)
+    keys = torch.unique(rows[keep] * n_y + torch.gather(cols, 1, pos)[keep])
     return keys // n_y, keys % n_y

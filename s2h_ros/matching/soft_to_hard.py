@@ -98,8 +98,10 @@ def s2h_match(
     slack_score: float = -5.0,
     outlier_profit: str | float = DEFAULT_OUTLIER_PROFIT,
     scale: float | None = None,
+    support: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> MatchResult:
-    """S2H on features ``(Nx, C)``, ``(Ny, C)``: k-NN support both ways, sparse S-step, exact sparse H-step.
+    """S2H on features ``(Nx, C)``, ``(Ny, C)``: k-NN support both ways (or the given ``support``
+    edges ``(rows, cols)``, unique and sorted, e.g. ``prior_support``), sparse S-step, exact sparse H-step.
 
     Scores are ``-||f_x - f_y||^2 / temperature``; ``slack_score`` is the score of "no partner"
     (a pair with squared feature distance above ``-slack_score * temperature`` loses to the slack;
@@ -107,7 +109,7 @@ def s2h_match(
     Every tensor in the result lives on the features' device; the H-step itself runs on the CPU.
     """
     n_x, n_y = feat_x.shape[0], feat_y.shape[0]
-    rows, cols = candidate_support(feat_x, feat_y, k)
+    rows, cols = candidate_support(feat_x, feat_y, k) if support is None else support
     scores = edge_scores(feat_x, feat_y, rows, cols, temperature)
     p = sparse_augmented_sinkhorn(rows, cols, scores, n_x, n_y, iters=iters, slack_score=slack_score)
     sigma_x, sigma_y = sparse_outlier_profits(rows, cols, p, n_x, n_y, outlier_profit, scale)
