@@ -5,8 +5,8 @@ Each scan goes through these stages:
 1. **Stamp**: a stamp not after the last one is refused; one more than ``max_gap`` earlier (a
    looping bag) resets the odometry (event ``time_reset``, a new segment).
 2. **Global registration** against the current keyframe (features computed once per keyframe).
-3. **Competing hypothesis**: ICP from the constant-velocity prediction. If the two agree, the
-   global result stands; if they disagree, the one explaining clearly more of the scan (fraction
+3. **Competing hypothesis**: ICP from the constant-velocity prediction (skipped when the result
+   already agrees with the prediction itself). If the two agree, the result stands; if they disagree, the one explaining clearly more of the scan (fraction
    of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a tie is not
    trusted. When the global result fails, the prediction's ICP alone is accepted only while the
    prior is trusted (a successful scan less than ``max_gap`` ago).
@@ -162,8 +162,8 @@ class KeyframeOdometry:
         searches = ["prior", "global"] if prior_trusted and self.cfg.tracking else ["global"]
         for search in searches:
             result = self.registrar.register(prepared, keyframe.cloud, init=prior, search=search)
-            if not self.cfg.use_motion_prior:
-                checked = result
+            if not self.cfg.use_motion_prior or (result.success and self._agree(result.transform, prior)):
+                checked = result  # the prediction itself agrees: ICP from it has nothing to add
             else:
                 if local is None:
                     local = self.registrar.refine(prepared, keyframe.cloud, prior, result.correspondences)

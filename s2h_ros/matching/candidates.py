@@ -114,7 +114,9 @@ def prior_support(predicted_x: np.ndarray, tree_y, feat_x: torch.Tensor, feat_y:
     valid = near < n_y
     cols = torch.where(valid, near, torch.zeros_like(near))
     with torch.no_grad():
-        d = ((feat_x.detach()[:, None, :] - feat_y.detach()[cols]) ** 2).sum(-1)  # (Nx, m)
+        fx, fy = feat_x.detach(), feat_y.detach()
+        # |x - y|^2 = |x|^2 + |y|^2 - 2 x.y: one (Nx, m, C) gather and a batched dot, no difference tensor.
+        d = (fx * fx).sum(1)[:, None] + (fy * fy).sum(1)[cols] - 2.0 * torch.einsum("nc,nmc->nm", fx, fy[cols])
         d = torch.where(valid, d, torch.full_like(d, float("inf")))
         dist, pos = torch.topk(d, min(int(k), m), dim=1, largest=False)
     rows = torch.arange(len(predicted_x), device=feat_x.device)[:, None].expand_as(pos)
