@@ -19,4 +19,3 @@ if [ ! -f "$OUT/sequence/poses.txt" ] || [ "$(ls "$OUT/sequence/velodyne" | wc -
   .venv/bin/s2h simulate --out "$OUT/sequence" --frames "$FRAMES" --seed 7 --sensor hdl64
 fi
 .venv/bin/s2h replay "$OUT/sequence" --rate 0 --out "$OUT/replay" "$@"
-echo "metrics: $OUT/replay/metrics.json   plot: $OUT/replay/trajectory.png"

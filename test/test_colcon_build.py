@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +28,8 @@ import pytest
 import yaml
 
 from test_launch_files import LAUNCH_FILES, flatten, launch_nodes, share_files
+
+from s2h_ros.commands.replay import node_process
 
 ROOT = Path(__file__).resolve().parents[1]
 UNDERLAY = Path(sys.prefix)  # the venv that holds the ROS 2 wheels and colcon (scripts/setup.sh)
@@ -204,13 +205,10 @@ def test_registration_node_from_the_install_space_tracks_a_replay(workspace, hdl
     assert params["registration.matcher"] == "s2h" and params["registration.features"] in ("auto", "fcgf")
     assert params["registration.weights"] == "" and any((install / PY_DIR / "s2h_ros" / "weights").glob("*.pt"))
     node_log = tmp_path / "registration_node.log"
-    with open(node_log, "w") as log:
-        node = subprocess.Popen(
-            _in_install_space(workspace, str(install / "lib" / "s2h_ros" / "registration_node"), "--ros-args",
-                              "--params-file", str(share / "config" / "register.yaml"),
-                              "--params-file", str(share / "config" / "kitti.yaml")),
-            cwd=workspace["cwd"], env=workspace["env"], stdout=log, stderr=subprocess.STDOUT)
-    try:
+    node_cmd = _in_install_space(workspace, str(install / "lib" / "s2h_ros" / "registration_node"), "--ros-args",
+                                 "--params-file", str(share / "config" / "register.yaml"),
+                                 "--params-file", str(share / "config" / "kitti.yaml"))
+    with node_process(node_cmd, node_log, env=workspace["env"], cwd=workspace["cwd"]) as node:
         # Lock-step replay: kitti_replay waits for the node's subscription and result publisher
         # (discovery, and the node's start-up), then publishes each scan once the last is answered.
         replay = subprocess.run(
@@ -223,13 +221,6 @@ def test_registration_node_from_the_install_space_tracks_a_replay(workspace, hdl
         mapped = {line.split()[-1] for line in Path(f"/proc/{node.pid}/maps").read_text().splitlines()
                   if "s2h_ros" in line and "/" in line}
         assert mapped and all(Path(m).is_relative_to(install) for m in mapped), mapped
-    finally:
-        node.send_signal(signal.SIGINT)
-        try:
-            node.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait()
 
     report = json.loads((tmp_path / "out" / "metrics.json").read_text())
     n = len(hdl64_drive)

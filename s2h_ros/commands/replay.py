@@ -117,16 +117,14 @@ def die_with_parent_preexec():
 
 
 @contextmanager
-def registration_node_process(log_path: Path, params_files: list[Path] = (), overrides: list[str] = (),
-                              env: dict[str, str] | None = None):
-    """registration_node as its own process (output to ``log_path``; environment ``env``, default
-    this process's), stopped with SIGINT on exit, and signalled by the kernel if this process dies
-    first (:func:`die_with_parent_preexec`)."""
+def node_process(command: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: str | None = None):
+    """A ROS node ``command`` as its own process (output to ``log_path``; environment ``env``,
+    default this process's), stopped with SIGINT on exit (killed if it does not stop within 30 s),
+    and signalled by the kernel if this process dies first (:func:`die_with_parent_preexec`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(node_command(list(params_files), list(overrides)), stdout=log,
-                                stderr=subprocess.STDOUT, env=dict(os.environ) if env is None else env,
-                                preexec_fn=die_with_parent_preexec())
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                env=dict(os.environ) if env is None else env, preexec_fn=die_with_parent_preexec())
         try:
             yield proc
         finally:
@@ -136,6 +134,12 @@ def registration_node_process(log_path: Path, params_files: list[Path] = (), ove
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def registration_node_process(log_path: Path, params_files: list[Path] = (), overrides: list[str] = (),
+                              env: dict[str, str] | None = None):
+    """registration_node (:func:`node_command`) as its own process: :func:`node_process`."""
+    return node_process(node_command(list(params_files), list(overrides)), log_path, env)
 
 
 def run(args: argparse.Namespace) -> int:
