@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "pipeline": ("s2h_ros.benchmarks.pipeline", "register() time per stage against FPFH + RANSAC"),
     "replay": ("s2h_ros.benchmarks.replay", "registration_node under a live stream vs KISS-ICP"),
     "trust": ("s2h_ros.benchmarks.trust", "wrong-but-trusted and needlessly rejected scans per sensor preset"),
+    "robustness": ("s2h_ros.benchmarks.robustness", "every bad-input and fault case against the node, CLI and library; soak"),
 }
 
 

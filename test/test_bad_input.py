@@ -208,6 +208,7 @@ def test_nan_and_inf_rows_are_dropped_and_counted(tmp_path, scan):
     np.save(tmp_path / "nan.npy", np.full((10, 3), np.nan, np.float32))
     with pytest.raises(PointCloudFileError, match="all 10 points are NaN or infinite"):
         read_points(tmp_path / "nan.npy")
+    assert_one_error_line(s2h_register(tmp_path / "nan.npy", tmp_path / "n.pcd"), 2, "all 10 points are NaN or infinite")
 
 
 def test_too_few_points(scan):
@@ -346,6 +347,15 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, kitti_bin):
     (tmp_path / "gt.txt").write_text("1 0 0\n0 1 0\n")
     assert_one_error_line(s2h_register(kitti_bin, kitti_bin, "--gt", tmp_path / "gt.txt"), 2,
                           "--gt", "expected 16 finite numbers")
+
+
+def test_unwritable_json_exits_2_naming_it(tmp_path, small_pair):
+    """--json where no file can be made (under a regular file): the report on stdout, then exit 2
+    with one line naming --json."""
+    cloud = write_points(tmp_path / "c.bin", small_pair[1])
+    out = s2h_register(cloud, cloud, "--json", cloud / "r.json")
+    assert_one_error_line(out, 2, f"cannot write --json {cloud / 'r.json'}")
+    assert "success: True" in out.stdout
 
 
 def test_absurd_point_in_a_file_is_a_warning_and_the_result_is_trusted(tmp_path, small_pair):

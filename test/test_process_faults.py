@@ -19,18 +19,12 @@ import os
 import re
 import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import rclpy
-from rclpy.context import Context
-from rclpy.executors import SingleThreadedExecutor
 
+from s2h_ros.benchmarks.robustness import ResultCounter, poll_until, process_running
 from s2h_ros.commands.replay import node_command
-from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
-from s2h_ros.ros.replay import RELIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 S2H = str(ROOT / ".venv" / "bin" / "s2h")
@@ -46,64 +40,15 @@ def _strict_json(path: Path) -> dict:
     return json.loads(path.read_text(), parse_constant=_no_nan)
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie waiting for its reaper is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` passes (for states no event announces:
-    /proc entries, files another process writes)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        threading.Event().wait(interval)
-    return bool(condition())
-
-
 @pytest.fixture
 def env():
     return dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
                 MPLBACKEND="Agg")
 
 
-class ResultWatcher:
-    """Counts registration_node's results in the test's DDS domain (an rclpy context of its own)."""
-
-    def __init__(self) -> None:
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=DOMAIN)
-        self.node = rclpy.create_node("fault_probe", context=self.context)
-        self.count = 0
-        self._cv = threading.Condition()
-        self.node.create_subscription(RegistrationResultMsg, "/registration_node/result", self._on_result, RELIABLE)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        threading.Thread(target=self.executor.spin, daemon=True).start()
-
-    def _on_result(self, _msg) -> None:
-        with self._cv:
-            self.count += 1
-            self._cv.notify_all()
-
-    def wait_for(self, n: int, timeout: float) -> bool:
-        with self._cv:
-            return self._cv.wait_for(lambda: self.count >= n, timeout)
-
-    def close(self) -> None:
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
-
-
 @pytest.fixture
 def results():
-    watcher = ResultWatcher()
+    watcher = ResultCounter(DOMAIN)
     yield watcher
     watcher.close()
 
@@ -119,7 +64,7 @@ def _start_replay(source: Path, out: Path, env: dict, *extra: str) -> tuple[subp
 
 
 def _stop_leftover(pid: int) -> None:
-    if _running(pid):
+    if process_running(pid):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -127,10 +72,10 @@ def test_kill_9_of_s2h_replay_takes_its_node_with_it(curved_drive, tmp_path, env
     replay, node_pid = _start_replay(curved_drive.folder, tmp_path / "out", env)
     try:
         assert results.wait_for(1, 120.0), "the node never answered a scan"
-        assert _running(node_pid)
+        assert process_running(node_pid)
         replay.kill()  # SIGKILL: no handler, no finally in s2h runs
         assert replay.wait(timeout=30) == -signal.SIGKILL
-        assert _wait_until(lambda: not _running(node_pid), 15.0), "registration_node outlived s2h replay"
+        assert poll_until(lambda: not process_running(node_pid), 15.0), "registration_node outlived s2h replay"
     finally:
         replay.kill()
         replay.communicate()
@@ -157,7 +102,7 @@ def test_stopping_s2h_replay_writes_the_metrics_answered_so_far(curved_drive, tm
     assert report["scans_trusted"] >= 1 and "ate_rmse_m" in report["metrics"], report
     assert (out / "trajectory.png").stat().st_size > 1000
     assert "answered" in stdout and "trusted" in stdout  # the summary
-    assert _wait_until(lambda: not _running(node_pid), 30.0), "s2h replay left its node running"
+    assert poll_until(lambda: not process_running(node_pid), 30.0), "s2h replay left its node running"
 
 
 def test_sigint_to_kitti_replay_writes_the_metrics_answered_so_far(curved_drive, tmp_path, env, results):
@@ -190,7 +135,7 @@ def test_stopping_s2h_eval_writes_the_partial_results(tmp_path, sig):
            "--jsonl", str(jsonl), "--json", str(out_json), "--markdown", str(markdown)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert _wait_until(lambda: jsonl.exists() and jsonl.read_text().count("\n") >= 1, 120.0), \
+        assert poll_until(lambda: jsonl.exists() and jsonl.read_text().count("\n") >= 1, 120.0), \
             "no pair record streamed"
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)

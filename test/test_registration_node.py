@@ -330,7 +330,8 @@ def test_time_going_back_restarts_tracking_as_a_time_reset(curved_drive, node_pr
     ("registration.weights:=/nonexistent/weights.pt", "registration.weights", "checkpoint not found"),
     ("registration.weights:={garbage}", "registration.weights", "cannot read checkpoint"),
     ("cloud_topic:=bad topic!", "cloud_topic", "is not a valid topic name"),
-], ids=["device", "missing-weights", "garbage-weights", "topic"])
+    ("base_frame:=odom", "base_frame", "is odom_frame too"),
+], ids=["device", "missing-weights", "garbage-weights", "topic", "base-is-odom"])
 def test_start_up_failures_exit_2_with_one_line_naming_the_parameter(ros_domain, tmp_path, override, parameter, why):
     if "cuda" in override and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
