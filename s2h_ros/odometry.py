@@ -4,12 +4,17 @@ Each scan goes through these stages:
 
 1. **Stamp**: a stamp not after the last one is refused; one more than ``max_gap`` earlier (a
    looping bag) resets the odometry (event ``time_reset``, a new segment).
-2. **Global registration** against the current keyframe (features computed once per keyframe).
-3. **Competing hypothesis**: ICP from the constant-velocity prediction (skipped when the result
-   already agrees with the prediction itself). If the two agree, the result stands; if they disagree, the one explaining clearly more of the scan (fraction
-   of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a tie is not
-   trusted. When the global result fails, the prediction's ICP alone is accepted only while the
-   prior is trusted (a successful scan less than ``max_gap`` ago).
+2. **Tracking** while the prior is trusted (a successful scan less than ``max_gap`` ago and
+   ``tracking``): S2H candidates around each voxel's position predicted by the constant-velocity
+   prior (``Registrar.register(search="prior")``). A result that confirms the prediction (within
+   half the inlier distance and 2 deg) is taken as it is.
+3. **Global search** otherwise, or when tracking fails or corrects the prediction a lot (the end
+   of a turn: the prior keeps turning): S2H on each voxel's feature k-NN in the current keyframe,
+   checked against the prior's hypothesis (tracking's result, or ICP from the prediction). If
+   they agree the global result stands; if they disagree, the one explaining clearly more of the
+   scan (fraction of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a
+   tie is not trusted. When the global result fails, the prior's hypothesis alone is accepted
+   only while the prior is trusted.
 4. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
    is registered globally against the kept keyframes (``relocalisation_keyframes``, newest
    first; event ``relocalised``). If none verifies, a new **segment** starts: the scan becomes a
@@ -37,6 +42,8 @@ from s2h_ros.pipeline import PreparedCloud, Registrar, RegistrationError, Regist
 
 # Two hypotheses closer than this agree (translation: half the inlier distance).
 AGREE_ROTATION_DEG = 2.0
+# How results name the prior's hypothesis, by RegistrationResult.search.
+_HYPOTHESIS = {"prior": "tracking around the motion prior", "icp": "ICP from the motion prior"}
 
 
 @dataclass
@@ -154,50 +161,53 @@ class KeyframeOdometry:
     # ------------------------------------------------------------------ stages
     def _register(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray,
                   prior_trusted: bool) -> RegistrationResult:
-        """Tracking (S2H on candidates around the predicted positions) while the prior is trusted,
-        the global search otherwise or when tracking is not trusted; each result checked against
-        ICP from the prediction (see the module text)."""
+        """The scan against ``keyframe`` (see the module text): tracking while the prior is trusted,
+        accepted as it is when it confirms the prediction; otherwise the global search, checked
+        against the prior's hypothesis (tracking's result, or ICP from the prediction)."""
         t0 = time.perf_counter()
-        local = None
-        searches = ["prior", "global"] if prior_trusted and self.cfg.tracking else ["global"]
-        for search in searches:
-            result = self.registrar.register(prepared, keyframe.cloud, init=prior, search=search)
-            if not self.cfg.use_motion_prior or (result.success and self._agree(result.transform, prior)):
-                checked = result  # the prediction itself agrees: ICP from it has nothing to add
+        reg, use_prior = self.registrar, self.cfg.use_motion_prior
+        competitor = None
+        if prior_trusted and self.cfg.tracking:
+            competitor = reg.register(prepared, keyframe.cloud, init=prior, search="prior")
+        if competitor is not None and competitor.success and self._agree(competitor.transform, prior):
+            checked = competitor  # tracking confirms the prediction
+        else:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
+            global_ = reg.register(prepared, keyframe.cloud, init=prior)
+            if use_prior and not (global_.success and self._agree(global_.transform, prior)):
+                if competitor is None or not competitor.success:
+                    competitor = reg.refine(prepared, keyframe.cloud, prior, global_.correspondences)
+                checked = self._arbitrate(global_, competitor, prior_trusted)
             else:
-                if local is None:
-                    local = self.registrar.refine(prepared, keyframe.cloud, prior, result.correspondences)
-                checked = self._arbitrate(result, local, prior_trusted and search == "global")
-            if checked.success:
-                break
+                checked = global_
         checked.timings["total"] = 1e3 * (time.perf_counter() - t0)  # every attempt, wall clock
         return checked
 
     def _arbitrate(self, global_: RegistrationResult, local: RegistrationResult,
                    prior_trusted: bool) -> RegistrationResult:
+        """The global result against the prior's hypothesis ``local`` (tracking or ICP from the
+        prediction): agreement keeps the global one, else the clearer explanation of the scan
+        (``fitness_fine``, by ``ambiguity_margin``) wins; an untrusted prior may veto, not win."""
+        name = _HYPOTHESIS.get(local.search, local.search)
         if not global_.success:
             if local.success and prior_trusted:
-                local.message = "global registration not trusted; ICP from the motion prior verified"
+                local.message = f"the global search is not trusted; {name} is verified"
                 local.used_fallback = True
-                local.num_candidates = global_.num_candidates
                 return _with_timings(local, global_)
             return global_
         if not local.success or self._agree(global_.transform, local.transform):
             return _with_timings(global_, local)
         margin = self.cfg.ambiguity_margin
+        within = f"within {self.registrar.config.inlier_distance / 2:.2f} m"
         if global_.fitness_fine >= local.fitness_fine + margin:
             return _with_timings(global_, local)
         if local.fitness_fine >= global_.fitness_fine + margin and prior_trusted:
-            local.message = (f"ICP from the motion prior explains the scan better than the global result "
-                             f"({local.fitness_fine:.2f} vs {global_.fitness_fine:.2f} within "
-                             f"{self.registrar.config.inlier_distance / 2:.2f} m)")
-            local.num_candidates = global_.num_candidates
+            local.message = (f"{name} explains the scan better than the global search "
+                             f"({local.fitness_fine:.2f} vs {global_.fitness_fine:.2f} {within})")
             return _with_timings(local, global_)
         moved = float(np.linalg.norm(global_.transform[:3, 3] - local.transform[:3, 3]))
         global_.success = False
-        global_.message = (f"ambiguous: the global result and ICP from the motion prior differ by {moved:.2f} m "
-                           f"but explain the scan alike ({global_.fitness_fine:.2f} vs {local.fitness_fine:.2f} "
-                           f"within {self.registrar.config.inlier_distance / 2:.2f} m)")
+        global_.message = (f"ambiguous: the global search and {name} differ by {moved:.2f} m but explain the "
+                           f"scan alike ({global_.fitness_fine:.2f} vs {local.fitness_fine:.2f} {within})")
         return _with_timings(global_, local)
 
     def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
