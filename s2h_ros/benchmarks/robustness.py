@@ -1314,21 +1314,30 @@ def rss_trend(samples: list[tuple[float, float, float]]) -> dict:
 def judge_stream(seq, record) -> dict:
     """The trusted poses of a replay (``SequenceReplayer.record``) against the ground truth: each
     step from the previous trusted scan of the same segment (wrong beyond 0.3 m / 2 deg), and the
-    RMS position error of the trusted poses (all relative to the first scan published)."""
+    RMS position error of the trusted poses (all relative to the first scan published). Every
+    answered scan is listed (``answered``: stream index, stamp, success, event, keyframe, message)
+    so that the run can be replayed offline; the wrong steps with their errors (``wrong``)."""
     gt = seq.poses
     index = dict(zip(record.stamps_ns, record.indices))
     origin = geometry.invert_transform(gt[record.indices[0]])
-    errors, wrong, offsets, last = [], 0, [], None
+    errors, wrong, offsets, last = [], [], [], None
+    answered = [{"k": index[key], "stamp_ns": key, **{f: r[f] for f in ("success", "event", "keyframe_id", "message")}}
+                for key, r in sorted(record.results.items()) if key in index]
     for key in sorted(k for k in record.poses if k in index):
         result, pose, truth = record.results.get(key, {}), record.poses[key], origin @ gt[index[key]]
         offsets.append(float(np.linalg.norm(pose[:3, 3] - truth[:3, 3])))
         if last is not None and last[2] == result.get("segment") and result.get("event") not in FIRST_OF_TRACK:
             errors.append(step_error(last[0], pose, last[1], truth))
-            wrong += is_wrong(errors[-1])
-        last = (pose, truth, result.get("segment"))
-    return {"steps_judged": len(errors), "steps_wrong": wrong,
+            if is_wrong(errors[-1]):
+                wrong.append({"k": index[key], "from_k": last[3], "error_m_deg": errors[-1],
+                              "true_step_m": float(np.linalg.norm(truth[:3, 3] - last[1][:3, 3])),
+                              "event": result.get("event"), "message": result.get("message"),
+                              "keyframe_id": result.get("keyframe_id")})
+        last = (pose, truth, result.get("segment"), index[key])
+    return {"steps_judged": len(errors), "steps_wrong": len(wrong),
             "worst_step": (max(e[0] for e in errors), max(e[1] for e in errors)) if errors else None,
-            "position_rmse_m": float(np.sqrt(np.mean(np.square(offsets)))) if offsets else None}
+            "position_rmse_m": float(np.sqrt(np.mean(np.square(offsets)))) if offsets else None,
+            "wrong": wrong, "answered": answered}
 
 
 def soak(b: Bench, minutes: float, rate: float = 10.0) -> dict:
