@@ -28,8 +28,6 @@ TRUSTED_RIGHT = r"^trusted, TF x1, \d cm / 0\.\d deg off" + NEXT_TRUSTED
 MALFORMED = "^failed: malformed PointCloud2: "
 TOO_FEW = r"^failed: bad scan: {} finite points \(need 100\), no TF" + NEXT_TRUSTED
 NOT_TRUSTED = r"^failed: not trusted: \d+ inlier correspondences \(need 30\), fitness 0\.\d+ \(need 0\.50\), no TF"
-FRAME_17 = ("frame 16 -> 17 of the curved drive is trusted 43 cm / 2.3 deg off the ground truth (prior-search "
-            "S2H with the RANSAC safeguard, fitness 0.62; the global search alone gets it right): reported")
 
 # The outcome of each node case (the bench's table text), in the catalogue's order.
 NODE_OUTCOMES = {
@@ -84,7 +82,7 @@ NODE_OUTCOMES = {
     "burst": r"^[1-5] of 6 answered, the newest trusted( \[relocalised\])?, TF x1, \d cm / 0\.\d deg off"
              + NEXT_TRUSTED,
     "sensor_vlp16": r"^5 of 5 trusted, worst \d cm / 0\.\d deg \[time_reset\], TF for 5$",
-    "drive_after": r"^20 of 20 trusted, .*TF for 20",
+    "drive_after": r"^20 of 20 trusted, worst \d cm / 0\.\d deg \[time_reset\], TF for 20$",
     "node_sigint": r"^exit 0 after \d+\.\d s$",
 }
 
@@ -110,9 +108,7 @@ def test_every_node_case_is_here_and_every_case_names_a_test_that_exists():
         assert re.search(rf"^def {name}\(", (TEST_DIR / file).read_text(), re.M), (case.name, case.test)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=FRAME_17)) if name == "drive_after" else name
-    for name in NODE_OUTCOMES])
+@pytest.mark.parametrize("name", list(NODE_OUTCOMES))
 def test_node_case(bench, name):
     row = run_case(bench, CASE[name])
     assert re.search(NODE_OUTCOMES[name], row["outcome"]), row["outcome"]
