@@ -185,7 +185,7 @@ class RegistrationNode(Node):
         else:
             self.stats["failed"] += 1
             if step.event not in CONTINUITY_LOST:  # those have their own error line
-                self.get_logger().warn(f"scan {scan_id}: {step.message}")
+                self.get_logger().warning(f"scan {scan_id}: {step.message}")
         self.pub_result.publish(messages.result_message(step, msg.header, scan_id))
         scan_pose = kf_pose = None
         if step.success:  # keyframe pose = scan pose composed with (keyframe <- scan)^-1
@@ -216,7 +216,7 @@ class RegistrationNode(Node):
                 self._lost_since_diagnostics.append(f"scan {scan_id}: {step.event}")
             self.get_logger().error(f"scan {scan_id}: {step.event} (segment {step.segment}): {step.message}")
         elif step.event == "relocalised":
-            self.get_logger().warn(f"scan {scan_id}: relocalised (segment {step.segment}): {step.message}")
+            self.get_logger().warning(f"scan {scan_id}: relocalised (segment {step.segment}): {step.message}")
         if step.event == "time_reset":
             # The odometry restarted at identity: odom is again the base frame at this scan (the
             # anchor from the extrinsic in use), and the path and TF's time order start again.

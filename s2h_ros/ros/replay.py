@@ -194,7 +194,7 @@ class SequenceReplayer(Node):
             key = self.publish_scan(i)
             if not period:
                 if not self.wait_for(lambda: key in self.record.results, answer_timeout) and not self._stop_requested:
-                    self.get_logger().warn(f"scan {i}: no answer within {answer_timeout} s")
+                    self.get_logger().warning(f"scan {i}: no answer within {answer_timeout} s")
             if progress is not None:
                 progress(i)
         # Fixed rate: the node may still be working on the last scans (or have dropped some).
