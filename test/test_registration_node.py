@@ -34,6 +34,7 @@ from tf2_msgs.msg import TFMessage
 from visualization_msgs.msg import Marker, MarkerArray
 
 from s2h_ros import geometry
+from s2h_ros.benchmarks.robustness import poll_until
 from s2h_ros.commands.replay import node_command, registration_node_process
 from s2h_ros.evaluation.metrics import sequence_metrics
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
@@ -395,6 +396,9 @@ def test_a_late_extrinsic_on_tf_static_does_not_move_odom(curved_drive, ros_doma
         executor = _spin(replayer, context)
         try:
             assert replayer.wait_for_subscriber(60.0), (tmp_path / "node.log").read_text()
+            # The node's /tf_static reader must have discovered this publisher (seconds on a loaded
+            # machine), or the transform reaches it scans later than it is sent.
+            assert poll_until(lambda: static.get_subscription_count() > 0, 60.0)
             replayer.run(rate=0.0, end=3, answer_timeout=120.0)
             static.publish(TFMessage(transforms=[messages.transform_stamped(
                 extrinsic, messages.stamp_msg(0.0), "base_link", "velodyne")]))
@@ -417,13 +421,17 @@ def test_a_late_extrinsic_on_tf_static_does_not_move_odom(curved_drive, ros_doma
         errors["sensor"].append(np.linalg.norm(step[:3, 3] - sensor_step[:3, 3]))
         errors["through extrinsic"].append(np.linalg.norm(step[:3, 3] - (E @ sensor_step @ Einv)[:3, 3]))
     # Before the extrinsic is known the base moves as the sensor; from the scan it is first used on
-    # as the sensor seen through it (/tf_static and the scans travel on different topics, so that
-    # is scan 3 or 4), with no jump at the switch: every step is one of the two, to centimetres.
+    # as the sensor seen through it, with no jump at the switch: every step is one of the two, to
+    # centimetres. /tf_static and the scans travel on different topics (and the node's executor
+    # and worker are different threads), so which scan first uses it depends on timing: 3 at the
+    # earliest, and some scan of the run.
     matches = [("sensor" if a < 0.05 else "") + ("extrinsic" if b < 0.05 else "")
                for a, b in zip(errors["sensor"], errors["through extrinsic"])]
     assert matches[:2] == ["sensor", "sensor"], errors
+    assert "extrinsic" in matches, errors
     switch = matches.index("extrinsic") + 1
-    assert switch in (3, 4) and all(m == "extrinsic" for m in matches[switch - 1:]), errors
+    assert switch >= 3 and all(m == "sensor" for m in matches[:switch - 1]), errors
+    assert all(m == "extrinsic" for m in matches[switch - 1:]), errors
 
 
 def test_wrong_parameter_type_fails_at_start_up_with_a_clear_message(ros_domain):
