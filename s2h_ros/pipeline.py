@@ -75,7 +75,7 @@ class PreparedCloud:
         return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
 
     def normals(self, voxel_size: float) -> np.ndarray:
-        """``(M, 3)`` float64 unit normals of the voxels (Open3D, radius 2 x voxel), computed once."""
+        """``(M, 3)`` float64 unit normals of the voxels (:func:`estimate_normals`), computed once."""
         if self._normals is None:
             self._normals = estimate_normals(self.xyz, voxel_size)
         return self._normals
@@ -356,7 +356,7 @@ class Registrar:
                 T = refine_icp(src.xyz, tgt.xyz, T, cfg, tgt.normals(cfg.voxel_size))
         result = self._verified_result(src, tgt, T, pairs, weights, timer, message=message)
         result.num_candidates, result.weight_sum, result.used_fallback = int(n_cand), weight_sum, used_fallback
-        result.search = search
+        result.search = "prior" if support is not None else "global"  # the nn matchers search globally
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
 
