@@ -71,3 +71,49 @@ def test_total_loss_is_the_unit_weighted_sum():
     total = s2h_loss(M, M_gt, R, t, torch.eye(3), t)
     expected = matching_loss(M, M_gt) + inlier_count_loss(M) + motion_loss(R, t, torch.eye(3), t)
     assert total.item() == pytest.approx(expected.item())
+
+
+def test_sparse_losses_of_the_straight_through_ppm_equal_the_dense_ones_in_value_and_gradient():
+    """On an edge list L1 and L2 equal the dense losses (entries off the support are zero), and the
+    straight-through step gives the soft P the same gradient either way."""
+    from s2h_ros.matching import sparse_inlier_count_loss, sparse_matching_loss, straight_through
+
+    g = torch.Generator().manual_seed(0)
+    n_x, n_y = 6, 5
+    P = (0.3 * torch.rand(n_x, n_y, generator=g, dtype=torch.float64)).requires_grad_()
+    M = torch.zeros(n_x, n_y, dtype=torch.bool)
+    M[[0, 2, 3], [1, 0, 4]] = True
+    G = torch.zeros(n_x, n_y)
+    G[[0, 1, 3, 5], [1, 2, 3, 0]] = 1.0
+    # a support of 12 edges that holds every matched pair but misses the ground truth (5, 0)
+    keep = torch.zeros(n_x * n_y, dtype=torch.bool)
+    keep[torch.randperm(n_x * n_y, generator=g)[:12]] = True
+    keep[M.reshape(-1)] = True
+    keep[5 * n_y + 0] = False
+    edges = torch.nonzero(keep)[:, 0]
+    p_e = P.reshape(-1)[edges]
+    m_e = straight_through(M.reshape(-1)[edges], p_e)
+    assert m_e.dtype == P.dtype and torch.equal(m_e, M.reshape(-1)[edges].double())
+    l1 = sparse_matching_loss(m_e, G.reshape(-1)[edges], int(G.sum()))
+    l2 = sparse_inlier_count_loss(m_e, n_x, n_y)
+    M_off = torch.where(keep.reshape(n_x, n_y), M.double(), 0.0)  # M lies on the support
+    P_on = torch.where(keep.reshape(n_x, n_y), P, 0.0)
+    M_st = straight_through(M_off, P_on)
+    assert torch.isclose(l1, matching_loss(M_st, G.double())) and torch.isclose(l2, inlier_count_loss(M_st))
+    assert l1.item() == pytest.approx(-1 / 4)  # only (0, 1) is both matched and true; |G| = 4 counts (5, 0) too
+    g_sparse = torch.autograd.grad(l1 + l2, P)[0]
+    g_dense = torch.autograd.grad(matching_loss(M_st, G.double()) + inlier_count_loss(M_st), P)[0]
+    torch.testing.assert_close(g_sparse, g_dense)
+    assert (g_sparse[~keep.reshape(n_x, n_y)] == 0).all() and (g_sparse[keep.reshape(n_x, n_y)] != 0).all()
+    # the S-step-only ablation scores P itself with the same functions
+    s1 = sparse_matching_loss(p_e, G.reshape(-1)[edges], int(G.sum()))
+    assert torch.isclose(s1, matching_loss(P_on, G.double()))
+
+
+def test_sparse_matching_loss_refuses_an_empty_ground_truth_and_mismatched_shapes():
+    from s2h_ros.matching import sparse_matching_loss
+
+    with pytest.raises(ValueError, match="no ground-truth"):
+        sparse_matching_loss(torch.ones(4), torch.zeros(4), 0)
+    with pytest.raises(ValueError, match="shape"):
+        sparse_matching_loss(torch.ones(4), torch.zeros(3), 1)

@@ -173,3 +173,54 @@ def test_s2h_on_the_prior_support_recovers_the_true_partners():
     src_idx, tgt_idx = res.src_idx.numpy(), res.tgt_idx.numpy()
     assert len(src_idx) >= 0.95 * len(src) and np.mean(src_idx == tgt_idx) > 0.98
     assert res.stats["edges"] == support[0].numel()
+
+
+def test_s2h_match_with_no_arguments_uses_registration_config_defaults():
+    import inspect
+
+    from s2h_ros.config import RegistrationConfig
+    from s2h_ros.matching import match_options
+
+    cfg = RegistrationConfig()
+    params = inspect.signature(s2h_match).parameters
+    assert params["temperature"].default == cfg.temperature and params["slack_score"].default == cfg.slack_score
+    assert params["k"].default == cfg.k and params["iters"].default == cfg.sinkhorn_iters
+    assert params["outlier_profit"].default == cfg.outlier_profit
+    assert params["scale"].default is None and cfg.outlier_scale < 0  # negative: the rule's calibrated scale
+    assert match_options(cfg.replace(outlier_scale=0.25))["scale"] == 0.25
+    assert match_options(cfg, "fpfh")["temperature"] == cfg.fpfh_temperature
+    # and it behaves so: the same matches as the configuration spelled out, not those of another S-step
+    fx, fy, _ = _planted_features(300, 150, 0.2, seed=8)
+    default = s2h_match(fx, fy)
+    spelled = s2h_match(fx, fy, k=cfg.k, iters=cfg.sinkhorn_iters, temperature=cfg.temperature,
+                        slack_score=cfg.slack_score, outlier_profit=cfg.outlier_profit, scale=None)
+    other = s2h_match(fx, fy, temperature=0.1, slack_score=-5.0)
+    assert torch.equal(default.src_idx, spelled.src_idx) and torch.equal(default.tgt_idx, spelled.tgt_idx)
+    torch.testing.assert_close(default.p, spelled.p)
+    assert not torch.equal(default.p, other.p)
+
+
+def test_match_result_edges_hard_step_and_rematch():
+    from s2h_ros.matching import edge_positions, outlier_profits, sparse_outlier_profits, sparse_partial_permutation
+
+    fx, fy, _ = _planted_features(200, 100, 0.1, seed=9)
+    fx.requires_grad_()
+    res = s2h_match(fx, fy, k=6, temperature=0.05, slack_score=-4.0)
+    mask = res.edge_mask()
+    assert int(mask.sum()) == len(res.src_idx)
+    assert set(zip(res.rows[mask].tolist(), res.cols[mask].tolist())) == set(zip(res.src_idx.tolist(), res.tgt_idx.tolist()))
+    hard = res.hard_edges()
+    assert torch.equal(hard.detach(), mask.to(hard.dtype))
+    (hard * torch.arange(hard.numel(), dtype=hard.dtype)).sum().backward()  # straight-through: reaches features
+    assert fx.grad.abs().sum() > 0
+    missing = next(c for c in range(len(fy)) if c not in res.cols[res.rows == 0].tolist())
+    with pytest.raises(ValueError, match="not among"):
+        edge_positions(res.rows, res.cols, len(fy), torch.tensor([0]), torch.tensor([missing]))
+    # rematch: the H-step again on the same P, here with the authors' constant (the pipeline's safeguard)
+    again = res.rematch("constant")
+    p = res.p.detach()
+    sx, sy = sparse_outlier_profits(res.rows, res.cols, p, len(fx), len(fy), "constant")
+    src, tgt = sparse_partial_permutation(res.rows, res.cols, p, len(fx), len(fy), sx, sy)
+    assert np.array_equal(again.src_idx.numpy(), src) and np.array_equal(again.tgt_idx.numpy(), tgt)
+    assert len(again.src_idx) > len(res.src_idx) and again.p is res.p
+    np.testing.assert_allclose(again.sigma_x, outlier_profits(np.zeros((1, 1)), "constant")[0][0])  # 5e-5 each

@@ -13,7 +13,8 @@ import torch
 
 from s2h_ros.cli import main as cli_main
 from s2h_ros.datasets.types import PointCloudPair
-from s2h_ros.matching import inlier_count_loss, matching_loss
+from s2h_ros.geometry import weighted_procrustes
+from s2h_ros.matching import s2h_loss
 from s2h_ros.models import build_fcgf, load_dgr, load_fcgf, read_checkpoint
 from s2h_ros.models.inlier import InlierNetwork
 from s2h_ros.training.augment import AugmentConfig, augment_pair
@@ -21,7 +22,7 @@ from s2h_ros.training.data import (
     CacheError, CachedPair, PairCache, synthetic_training_pairs, voxelize_pair, write_pairs,
 )
 from s2h_ros.training.fcgf_trainer import FCGFTask, positive_pairs
-from s2h_ros.training.inlier_trainer import InlierTask, sparse_s2h_losses
+from s2h_ros.training.inlier_trainer import InlierTask
 from s2h_ros.training.loop import sample_index, weights_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,23 +161,45 @@ def test_s2h_losses_reach_the_networks_they_train(pair, kind):
         assert -1.0 <= logs["l1"] <= 0.0 and logs["l2"] < 0.0
 
 
-def test_sparse_s2h_losses_equal_the_dense_paper_losses(rng):
-    n_x, n_y = 6, 5
-    P = torch.tensor(rng.uniform(0, 0.3, size=(n_x, n_y)), requires_grad=True)
+@pytest.mark.parametrize("kind", ["s2h", "sstep"])
+def test_trainer_loss_is_the_paper_loss_of_matching_on_dense_matrices(pair, kind):
+    """The end-to-end loss of one real-geometry pair equals ``matching.s2h_loss`` of the dense
+    ``M`` (the straight-through PPM, or ``P`` for sstep), the dense ground truth ``M_gt`` and the
+    weighted-Procrustes motion, all rebuilt here from the trainer's own S2H result."""
+    torch.manual_seed(0)
+    task = InlierTask(build_fcgf("compact"), InlierNetwork("compact"), VOXEL, torch.device("cpu"), loss=kind,
+                      augment=None, max_points=100_000)
+    loss, logs = task.loss(pair, np.random.default_rng(0))
+    # the same pair again (no augmentation, no subsampling): same features, same S2H result
+    (xyz0, f0), (xyz1, f1) = task._features(pair)
+    i, j, p, match = task._correspondences(f0, f1)
+    n_x, n_y = len(xyz0), len(xyz1)
+    P = torch.zeros(n_x, n_y, dtype=match.p.dtype)
+    P[match.rows, match.cols] = match.p.detach()
     M = torch.zeros(n_x, n_y)
-    M[[0, 2, 3], [1, 0, 4]] = 1.0
-    G = torch.zeros(n_x, n_y)
-    G[[0, 1, 3], [1, 2, 3]] = 1.0
-    rows, cols = torch.meshgrid(torch.arange(n_x), torch.arange(n_y), indexing="ij")
-    l1, l2 = sparse_s2h_losses(P.reshape(-1), M.reshape(-1) > 0, G.reshape(-1) > 0, int(G.sum()), n_x, n_y)
-    M_st = M + P - P.detach()
-    assert torch.isclose(l1, matching_loss(M_st, G)) and torch.isclose(l2, inlier_count_loss(M_st))
-    g_sparse = torch.autograd.grad(l1 + l2, P)[0]
-    g_dense = torch.autograd.grad(matching_loss(M_st, G) + inlier_count_loss(M_st), P)[0]
-    torch.testing.assert_close(g_sparse, g_dense)
-    # S-step-only ablation: the same losses of the soft P (values differ, no hard decision seen)
-    s1, s2 = sparse_s2h_losses(P.reshape(-1), M.reshape(-1) > 0, G.reshape(-1) > 0, int(G.sum()), n_x, n_y, hard=False)
-    assert torch.isclose(s1, matching_loss(P, G)) and torch.isclose(s2, inlier_count_loss(P))
+    M[i, j] = 1.0
+    T = pair.T_gt
+    moved = xyz0.numpy() @ T[:3, :3].T + T[:3, 3]
+    d = np.linalg.norm(moved[:, None, :] - xyz1.numpy()[None, :, :], axis=2)  # brute force, no KD-tree
+    nearest = d.argmin(1)
+    has = d[np.arange(n_x), nearest] < task.inlier_distance
+    M_gt = torch.zeros(n_x, n_y)
+    M_gt[torch.as_tensor(np.flatnonzero(has)), torch.as_tensor(nearest[has])] = 1.0
+    assert 0 < M.sum() < min(n_x, n_y) and M_gt.sum() > 0
+    if kind == "sstep":
+        i_soft, tgt, mass = task._virtual_correspondences(xyz1, match, n_x)
+        src, w_match, M_pred = xyz0[i_soft], mass, P
+    else:
+        src, tgt, w_match, M_pred = xyz0[i], xyz1[j], torch.ones(len(i)), M
+    w = torch.sigmoid(task._logits(src, tgt.detach(), xyz0, xyz1)) * w_match
+    R, t = weighted_procrustes(src, tgt, w)
+    T_t = torch.as_tensor(T, dtype=torch.float32)
+    expected = s2h_loss(M_pred, M_gt, R, t, T_t[:3, :3], T_t[:3, 3])
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()), rel=1e-4, abs=1e-5)
+    assert logs["l1"] < 0.0 and logs["l2"] < 0.0  # both terms present, the sum is not L3 alone
+    # the sparse L1 counts ground-truth pairs off the support too: the dense M_gt has more than the edges hold
+    on_support = float(M_gt[match.rows, match.cols].sum())
+    assert on_support <= float(M_gt.sum())
 
 
 def test_s_step_only_training_pairs_source_voxels_with_virtual_points():

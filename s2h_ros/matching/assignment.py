@@ -37,9 +37,11 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
+from s2h_ros.matching.defaults import REGISTRATION
+
 OUTLIER_RULES = ("inverse_variance", "scaled_inverse_variance", "slack", "constant")
 DEFAULT_SCALE = {"inverse_variance": 1.0, "scaled_inverse_variance": 1.0 / 16.0, "slack": 0.5, "constant": 5e-5}
-DEFAULT_OUTLIER_PROFIT = "scaled_inverse_variance"  # measured choice: docs/matching.md
+DEFAULT_OUTLIER_PROFIT = REGISTRATION.outlier_profit  # measured choice (docs/matching.md), set in RegistrationConfig
 VAR_EPS = 1e-12  # variance floor: constant rows/columns give a large finite sigma, never inf/NaN
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from s2h_ros.matching.defaults import REGISTRATION
+
 GROUP = 32  # entries per group in the grouped selection (fastest of 4..128 measured on a CPU)
 CHUNK = 512  # query rows per distance block
 
@@ -74,7 +76,7 @@ def feature_knn(query: torch.Tensor, ref: torch.Tensor, k: int, chunk: int = CHU
     return torch.cat(out)
 
 
-def candidate_support(feat_x: torch.Tensor, feat_y: torch.Tensor, k: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def candidate_support(feat_x: torch.Tensor, feat_y: torch.Tensor, k: int = REGISTRATION.k) -> tuple[torch.Tensor, torch.Tensor]:
     """Edges ``(rows (E,), cols (E,))`` int64, unique, sorted by row: x's k-NN in y plus y's k-NN in x.
 
     ``feat_x (Nx, C)``, ``feat_y (Ny, C)`` on any device; the edges live there too.
@@ -96,7 +98,7 @@ def candidate_support(feat_x: torch.Tensor, feat_y: torch.Tensor, k: int = 16) -
 
 
 def prior_support(predicted_x: np.ndarray, tree_y, feat_x: torch.Tensor, feat_y: torch.Tensor, radius: float,
-                  k: int = 16, candidates: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                  k: int = REGISTRATION.k, candidates: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Edges ``(rows (E,), cols (E,))`` int64, unique, sorted: for each x, the ``k`` y in feature
     order among the ``candidates`` y nearest to x's predicted position within ``radius``.
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from s2h_ros.matching.defaults import REGISTRATION
+
 
 def _check_scores(scores: torch.Tensor) -> None:
     if not isinstance(scores, torch.Tensor):
@@ -28,7 +30,7 @@ def _check_scores(scores: torch.Tensor) -> None:
         raise ValueError("scores contain NaN or +inf")
 
 
-def augmented_sinkhorn(scores: torch.Tensor, iters: int = 5, slack_score: float = 0.0) -> torch.Tensor:
+def augmented_sinkhorn(scores: torch.Tensor, iters: int = REGISTRATION.sinkhorn_iters, slack_score: float = 0.0) -> torch.Tensor:
     """Partial doubly stochastic ``P`` from ``scores`` ``(Nx, Ny)`` or ``(B, Nx, Ny)``, same shape.
 
     ``P`` is the ``Nx x Ny`` crop of the ``(Nx+1) x (Ny+1)`` slack-augmented Sinkhorn matrix:
@@ -71,7 +73,7 @@ def sparse_augmented_sinkhorn(
     scores: torch.Tensor,
     n_x: int,
     n_y: int,
-    iters: int = 5,
+    iters: int = REGISTRATION.sinkhorn_iters,
     slack_score: float = 0.0,
 ) -> torch.Tensor:
     """Augmented Sinkhorn on a sparse support: ``P`` values ``(E,)`` on edges ``(rows[e], cols[e])``.

@@ -30,6 +30,11 @@ class AugmentConfig:
     crop_max_range: float = 120.0
 
 
+def augment_from_args(args) -> AugmentConfig | None:
+    """The trainers' ``--max-yaw`` / ``--no-augment`` options (``None``: no augmentation)."""
+    return None if args.no_augment else AugmentConfig(max_yaw_deg=args.max_yaw)
+
+
 def random_gravity_rotation(rng: np.random.Generator, max_yaw_deg: float, max_tilt_deg: float) -> np.ndarray:
     """``(3, 3)`` float64: yaw in [-max_yaw, max_yaw] after roll/pitch in [-max_tilt, max_tilt] (degrees)."""
     yaw = rng.uniform(-max_yaw_deg, max_yaw_deg)

@@ -18,14 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
 
+from s2h_ros.geometry import apply_transform
 from s2h_ros.sparse import SparseTensor
 from s2h_ros.sparse.quantize import sparse_quantize
-from s2h_ros.training.augment import AugmentConfig, augment_pair
+from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
 from s2h_ros.training.loop import unwrap
-from s2h_ros.training.validation import hypothesis_registration, nearest_feature, summarize
+from s2h_ros.training.validation import (
+    correspondence_residuals, ground_truth_partner, hypothesis_registration, nearest_feature, summarize,
+)
 
 POSITIVE_RADIUS_VOXELS = 1.5  # FCGF KITTI: positives within 1.5 voxels
 
@@ -48,9 +50,8 @@ def feature_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def positive_pairs(src: np.ndarray, tgt: np.ndarray, T_gt: np.ndarray, radius: float) -> np.ndarray:
     """``(P, 2) int64`` (source row, target row): the target point nearest ``T_gt src`` within ``radius``."""
-    moved = src @ T_gt[:3, :3].T + T_gt[:3, 3]
-    dist, j = cKDTree(tgt).query(moved, k=1, distance_upper_bound=radius)
-    i = np.flatnonzero(np.isfinite(dist))
+    j = ground_truth_partner(src, tgt, T_gt, radius)
+    i = np.flatnonzero(j >= 0)
     return np.stack([i, j[i]], 1).astype(np.int64)
 
 
@@ -122,7 +123,7 @@ class FCGFTask:
             pair = augment_pair(pair, rng, self.augment)
         (xyz0, f0), (xyz1, f1) = batched_features(self.nets["fcgf"], [pair.source, pair.target], self.voxel, self.device)
         T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
-        moved0 = xyz0 @ T[:3, :3].T + T[:3, 3]
+        moved0 = apply_transform(T, xyz0)
         pos = positive_pairs(xyz0.cpu().numpy(), xyz1.cpu().numpy(), pair.T_gt, self.radius)
         if len(pos) == 0:  # no overlap after augmentation: a zero loss that still runs through the net
             return f0.sum() * 0.0 + f1.sum() * 0.0, {"pos": 0.0, "neg": 0.0, "d_pos": 0.0, "d_neg": 0.0}
@@ -145,8 +146,7 @@ class FCGFTask:
             (xyz0, f0), (xyz1, f1) = batched_features(unwrap(self.nets["fcgf"]), [pair.source, pair.target],
                                                       self.voxel, self.device)
             j = nearest_feature(f0, f1)
-            T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
-            inlier = torch.linalg.vector_norm(xyz0 @ T[:3, :3].T + T[:3, 3] - xyz1[j], dim=1) < 2.0 * self.voxel
+            inlier = correspondence_residuals(xyz0, xyz1[j], pair.T_gt) < 2.0 * self.voxel
             ratios.append(float(inlier.float().mean()))
             T_preds.append(hypothesis_registration(xyz0, xyz1[j], 2.0 * self.voxel, rng))
             T_gts.append(pair.T_gt)
@@ -169,14 +169,11 @@ class FCGFTask:
 def train_fcgf(args) -> dict:
     """``s2h train fcgf``: build (or load) FCGF, train it on ``--data``, write ``--out``."""
     from s2h_ros.models import build_fcgf, load_fcgf
-    from s2h_ros.training.loop import init_distributed, load_splits, loop_config, train
+    from s2h_ros.training.loop import run
 
-    info = init_distributed(args.device)
-    train_pairs, val_pairs, cache_voxel = load_splits(args, info)
-    voxel = args.voxel or cache_voxel
-    torch.manual_seed(args.seed)  # same initial weights on every rank
-    net = load_fcgf(args.init) if args.init else build_fcgf(args.preset)
-    contrastive = ContrastiveConfig(args.num_pos, args.num_hn, args.pos_margin, args.neg_margin)
-    augment = None if args.no_augment else AugmentConfig(max_yaw_deg=args.max_yaw)
-    task = FCGFTask(net, voxel, info.device, contrastive, augment, args.preset)
-    return train(task, train_pairs, val_pairs, loop_config(args), info)
+    def make_task(device: torch.device, cache_voxel: float) -> FCGFTask:
+        net = load_fcgf(args.init) if args.init else build_fcgf(args.preset)
+        contrastive = ContrastiveConfig(args.num_pos, args.num_hn, args.pos_margin, args.neg_margin)
+        return FCGFTask(net, args.voxel or cache_voxel, device, contrastive, augment_from_args(args), args.preset)
+
+    return run(args, make_task)

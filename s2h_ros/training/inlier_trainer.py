@@ -16,13 +16,13 @@
   matrix), so the two runs differ through what L3 and the inlier network see: real scan points
   paired one-to-one, or virtual points that lie off the scan (supplement, Theorem 1).
 
-With the sparse S2H of ``s2h_match`` the PPM ``M`` and the soft ``P`` live on a candidate edge
-list, so L1 and L2 are evaluated there: with ``M_st = M + P - P.detach()`` (value M, gradient to P)
-``L1 = -sum_e M_st,e G_e / |G|`` and ``L2 = -sum_e M_st,e / (Nx + Ny)``, where ``G`` marks the
-ground-truth pairs (each source voxel and the target voxel nearest ``T_gt x`` within the inlier
-distance) and ``|G|`` counts all of them, also those outside the support. These equal
-``matching.matching_loss`` and ``matching.inlier_count_loss`` of the dense matrices, whose entries
-off the support are zero.
+Every equation is ``s2h_ros.matching``'s: S2H runs as the pipeline runs it, L1 and L2 are
+``matching.sparse_matching_loss`` / ``sparse_inlier_count_loss`` of the straight-through PPM on the
+candidate edges (``MatchResult.hard_edges``: value M, gradient to P; equal to the dense
+``matching_loss`` / ``inlier_count_loss``, whose entries off the support are zero), where the
+ground truth ``G`` pairs each source voxel with the target voxel nearest ``T_gt x`` within the inlier
+distance and ``|G|`` counts all of them, also those outside the support; L3 is ``matching.motion_loss``
+of ``geometry.weighted_procrustes``, and the total ``matching.total_loss``.
 """
 from __future__ import annotations
 
@@ -31,36 +31,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.spatial import cKDTree
 
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.geometry import make_transform, weighted_procrustes
-from s2h_ros.training.augment import AugmentConfig, augment_pair
+from s2h_ros.matching import motion_loss, sparse_inlier_count_loss, sparse_matching_loss, straight_through, total_loss
+from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
 from s2h_ros.training.fcgf_trainer import batched_features
 from s2h_ros.training.loop import unwrap
-from s2h_ros.training.validation import nearest_feature, summarize
+from s2h_ros.training.validation import correspondence_residuals, ground_truth_partner, nearest_feature, summarize
 
 LOSSES = ("bce", "l3", "s2h", "sstep")
-
-
-def ground_truth_partner(src: np.ndarray, tgt: np.ndarray, T_gt: np.ndarray, radius: float) -> np.ndarray:
-    """``(Ns,) int64``: the target row nearest ``T_gt src_i`` within ``radius``, or -1."""
-    moved = src @ T_gt[:3, :3].T + T_gt[:3, 3]
-    dist, j = cKDTree(tgt).query(moved, k=1, distance_upper_bound=radius)
-    return np.where(np.isfinite(dist), j, -1).astype(np.int64)
-
-
-def sparse_s2h_losses(p: torch.Tensor, matched: torch.Tensor, is_gt: torch.Tensor, n_gt: int,
-                      n_x: int, n_y: int, hard: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(L1, L2)`` on a candidate edge list: ``p (E,)`` soft P, ``matched``/``is_gt (E,)`` bool.
-
-    ``hard``: score the straight-through PPM (value M, gradient to P); else the soft P (S-step only).
-    """
-    m_st = matched.to(p.dtype) + p - p.detach() if hard else p
-    l1 = -(m_st * is_gt.to(p.dtype)).sum() / max(n_gt, 1)
-    l2 = -m_st.sum() / (n_x + n_y)
-    return l1, l2
 
 
 class InlierTask:
@@ -143,8 +124,7 @@ class InlierTask:
             src, tgt = xyz0[i], xyz1[j]
         logits = self._logits(src, tgt.detach(), xyz0, xyz1)
         T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
-        resid = torch.linalg.vector_norm(src @ T[:3, :3].T + T[:3, 3] - tgt.detach(), dim=1)
-        labels = (resid < self.inlier_distance).float()
+        labels = (correspondence_residuals(src, tgt.detach(), T) < self.inlier_distance).float()
         logs = {"inlier_ratio": float(labels.mean()) if len(labels) else 0.0, "matches": float(len(labels))}
         zero = logits.sum() * 0.0
         if self.kind == "bce":
@@ -159,26 +139,32 @@ class InlierTask:
         # l3 / s2h: learned weights (times the straight-through PPM entries) into weighted Procrustes
         w = torch.sigmoid(logits)
         if self.kind == "s2h":
-            w = w * (1.0 + p - p.detach())
+            w = w * straight_through(torch.ones_like(p), p)
         elif self.kind == "sstep":
             w = w * mass
         l3 = zero
         if len(w) >= 3:
             R, t = weighted_procrustes(src, tgt, w)
-            l3 = _motion_loss(R, t, T)
+            l3 = motion_loss(R, t, T[:3, :3], T[:3, 3])
         loss = l3
         logs["l3"] = float(l3.detach())
         if self.end_to_end:
-            gt = torch.as_tensor(ground_truth_partner(xyz0.detach().cpu().numpy(), xyz1.detach().cpu().numpy(),
-                                                      pair.T_gt, self.inlier_distance), device=self.device)
-            matched = torch.zeros(match.rows.numel(), dtype=torch.bool, device=self.device)
-            keys = match.rows * len(xyz1) + match.cols
-            matched[torch.searchsorted(keys, i * len(xyz1) + j)] = True
-            l1, l2 = sparse_s2h_losses(match.p, matched, gt[match.rows] == match.cols, int((gt >= 0).sum()),
-                                       len(xyz0), len(xyz1), hard=self.kind == "s2h")
-            loss = l1 + l2 + l3
+            l1, l2 = self.matching_terms(match, i, j, xyz0, xyz1, pair.T_gt)
+            loss = total_loss(l1, l2, l3)
             logs.update(l1=float(l1.detach()), l2=float(l2.detach()))
         return loss, logs
+
+    def matching_terms(self, match, i: torch.Tensor, j: torch.Tensor, xyz0: torch.Tensor, xyz1: torch.Tensor,
+                       T_gt: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L1, L2)`` on the candidate edges of ``match``: of the straight-through PPM ``(i, j)``
+        (``s2h``), or of the soft ``P`` (``sstep``: S-step only in training). With no ground-truth
+        pair at all (no overlap left after augmentation) L1 is undefined and counts as 0."""
+        m = match.p if self.kind == "sstep" else match.hard_edges(i, j)
+        gt = torch.as_tensor(ground_truth_partner(xyz0.detach().cpu().numpy(), xyz1.detach().cpu().numpy(),
+                                                  T_gt, self.inlier_distance), device=m.device)
+        n_gt = int((gt >= 0).sum())
+        l1 = sparse_matching_loss(m, gt[match.rows] == match.cols, n_gt) if n_gt else m.sum() * 0.0
+        return l1, sparse_inlier_count_loss(m, len(xyz0), len(xyz1))
 
     # ------------------------------------------------------------------ validation, checkpoints
     @torch.no_grad()
@@ -192,8 +178,7 @@ class InlierTask:
             i, j, _, _ = self._correspondences(f0, f1)
             w = torch.sigmoid(self._logits(xyz0[i], xyz1[j], xyz0, xyz1))
             w = torch.where(w < self.reg.weight_floor, torch.zeros_like(w), w)
-            T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
-            good = torch.linalg.vector_norm(xyz0[i] @ T[:3, :3].T + T[:3, 3] - xyz1[j], dim=1) < self.inlier_distance
+            good = correspondence_residuals(xyz0[i], xyz1[j], pair.T_gt) < self.inlier_distance
             ratio.append(float(good.float().mean()) if len(good) else 0.0)
             precision.append(float((w * good).sum() / w.sum().clamp_min(1e-9)))
             T_pred = np.eye(4)
@@ -224,23 +209,14 @@ class InlierTask:
         load_weights(self.fcgf, data["state_dict"])
 
 
-def _motion_loss(R: torch.Tensor, t: torch.Tensor, T_gt: torch.Tensor) -> torch.Tensor:
-    from s2h_ros.matching import motion_loss
-
-    return motion_loss(R, t, T_gt[:3, :3], T_gt[:3, 3])
-
-
 def train_inlier(args) -> dict:
     """``s2h train inlier``: load FCGF, train the inlier network on ``--data``, write ``--out`` (DGR layout)."""
     from s2h_ros.models import load_fcgf
     from s2h_ros.models.inlier import InlierNetwork
-    from s2h_ros.training.loop import init_distributed, load_splits, loop_config, train
+    from s2h_ros.training.loop import run
 
-    info = init_distributed(args.device)
-    train_pairs, val_pairs, voxel = load_splits(args, info)
-    torch.manual_seed(args.seed)
-    fcgf = load_fcgf(args.fcgf)
-    inlier = InlierNetwork(args.preset)
-    task = InlierTask(fcgf, inlier, voxel, info.device, args.loss, args.matcher, args.max_points,
-                      args.inlier_distance, args.fcgf_lr, None if args.no_augment else AugmentConfig(max_yaw_deg=args.max_yaw))
-    return train(task, train_pairs, val_pairs, loop_config(args), info)
+    def make_task(device: torch.device, voxel: float) -> InlierTask:
+        return InlierTask(load_fcgf(args.fcgf), InlierNetwork(args.preset), voxel, device, args.loss, args.matcher,
+                          args.max_points, args.inlier_distance, args.fcgf_lr, augment_from_args(args))
+
+    return run(args, make_task)

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -258,3 +258,12 @@ def load_splits(args, info: DistInfo) -> tuple[list[CachedPair], list[CachedPair
         _log(f"data: {len(train_cache)} training pairs, {len(val)} validation pairs, voxel {train_cache.voxel} m, "
              f"{info.world_size} process(es) on {info.device}")
     return train_cache.pairs, val, train_cache.voxel
+
+
+def run(args, make_task: Callable[[torch.device, float], TrainTask]) -> dict:
+    """What ``s2h train fcgf|inlier`` share: join the process group, load ``--data``, seed the initial
+    weights (the same on every rank), build the task for ``(device, cache voxel)`` and train it."""
+    info = init_distributed(args.device)
+    train_pairs, val_pairs, voxel = load_splits(args, info)
+    torch.manual_seed(args.seed)
+    return train(make_task(info.device, voxel), train_pairs, val_pairs, loop_config(args), info)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy.spatial import cKDTree
 
 from s2h_ros.geometry import apply_transform, make_transform, registration_recall, transform_errors, weighted_procrustes
 
@@ -28,6 +29,13 @@ def correspondence_residuals(src: torch.Tensor, tgt: torch.Tensor, T: np.ndarray
     """``(K,)`` distances ``||T src_k - tgt_k||`` of paired ``(K, 3)`` points."""
     T = torch.as_tensor(T, dtype=src.dtype, device=src.device)
     return torch.linalg.vector_norm(apply_transform(T, src) - tgt, dim=1)
+
+
+def ground_truth_partner(src: np.ndarray, tgt: np.ndarray, T_gt: np.ndarray, radius: float) -> np.ndarray:
+    """``(Ns,) int64``: the target row nearest ``T_gt src_i`` within ``radius``, or -1 (the trainers'
+    ground-truth pairs: FCGF's positives, the matrix ``M_gt`` of the S2H losses)."""
+    dist, j = cKDTree(tgt).query(apply_transform(np.asarray(T_gt), src), k=1, distance_upper_bound=radius)
+    return np.where(np.isfinite(dist), j, -1).astype(np.int64)
 
 
 @torch.no_grad()
