@@ -9,6 +9,10 @@ import numpy as np
 
 from s2h_ros.outputs import json_text, write_json, write_text
 
+# Kept in step with s2h_ros.datasets.synthetic.families.FAMILIES (checked by the tests), so that
+# building the parser does not import Open3D.
+FAMILY_NAMES = ("town", "suburban", "parking_lot", "open_field", "highway", "tunnel", "rooms", "office", "warehouse")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="output folder (KITTI odometry single-sequence layout)")
@@ -18,7 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="world and drive seed (default 0)")
     parser.add_argument("--sensor", default="hdl64",
                         choices=("hdl64", "vlp32", "vlp16", "os128", "depth_camera"))
-    parser.add_argument("--kind", default="outdoor", choices=("outdoor", "indoor"))
+    parser.add_argument("--kind", choices=("outdoor", "indoor"),
+                        help="outdoor (default: the town) or indoor (default: the rooms)")
+    parser.add_argument("--family", choices=FAMILY_NAMES,
+                        help="scene family (default: town outdoors, rooms indoors)")
     parser.add_argument("--speed", type=float, nargs="+", metavar="M_S",
                         help="cruise speed, or low high range in m/s (default outdoor 5 15, indoor 0.4 1.5)")
     parser.add_argument("--moving-objects", type=int, default=0, help="number of moving cars / people")
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("--speed takes one value or a low high pair")
         speed = args.speed[0] if len(args.speed) == 1 else (args.speed[0], args.speed[1])
     seq = simulate_sequence(n_frames=args.frames, length_m=args.length_m, seed=args.seed, sensor=args.sensor,
-                            kind=args.kind, speed=speed, noise=not args.no_noise,
+                            kind=args.kind, family=args.family, speed=speed, noise=not args.no_noise,
                             motion_distortion=args.motion_distortion, moving_objects=args.moving_objects)
     summary = {"out": str(args.out), **seq.write_kitti(args.out, progress=True)}
     if args.bag:

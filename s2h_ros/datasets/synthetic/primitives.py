@@ -1,4 +1,4 @@
-"""Triangle-mesh primitives for the synthetic world: boxes, prisms, foliage, height fields.
+"""Triangle-mesh primitives for the synthetic world: boxes, prisms, foliage, height fields, sweeps.
 
 Each primitive is emitted as raw numpy vertex / triangle arrays with one albedo per triangle,
 because Open3D's ``RaycastingScene`` takes exactly that (float32 vertices, uint32 triangles) and
@@ -135,6 +135,28 @@ class MeshBuilder:
         verts = np.concatenate([np.column_stack([xy, z_bottom]), np.column_stack([xy, z_top])])
         i = np.arange(k - 1)
         tris = np.concatenate([np.stack([i, i + 1, k + i], 1), np.stack([i + 1, k + i + 1, k + i], 1)])
+        self.add(verts, tris, albedo)
+
+    def add_sweep(self, axis_xy: np.ndarray, left: np.ndarray, profile: np.ndarray,
+                  ground: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+                  closed: bool = False, albedo: float = 0.3) -> None:
+        """A cross-section swept along a path (tunnel tubes, barriers, rails, road strips).
+
+        ``axis_xy`` (K, 2) path points with (K, 2) unit ``left`` normals; ``profile`` (M, 2) points
+        (lateral offset to the left, height) of the cross-section, heights above ``ground(x, y)``
+        (0 without it); ``closed`` joins the last profile point back to the first.
+        """
+        axis_xy, left, profile = (np.asarray(a, np.float64) for a in (axis_xy, left, profile))
+        k, m = len(axis_xy), len(profile)
+        xy = axis_xy[:, None, :] + profile[None, :, 0, None] * left[:, None, :]  # (K, M, 2)
+        z = np.broadcast_to(profile[None, :, 1], (k, m)).copy()
+        if ground is not None:
+            z += ground(xy[..., 0], xy[..., 1])
+        verts = np.concatenate([xy, z[..., None]], axis=-1).reshape(-1, 3)
+        a = np.arange(k - 1)[:, None] * m + np.arange(m if closed else m - 1)[None]
+        b = (np.arange(k - 1)[:, None] * m + (np.arange(m if closed else m - 1)[None] + 1) % m)
+        a, b = a.ravel(), b.ravel()
+        tris = np.concatenate([np.stack([a, b, a + m], 1), np.stack([b, b + m, a + m], 1)])
         self.add(verts, tris, albedo)
 
     def build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,8 +21,9 @@ from s2h_ros import paths
 from s2h_ros.outputs import write_json
 from s2h_ros.datasets.kitti import velodyne_to_camera, write_poses
 from s2h_ros.datasets.synthetic.primitives import MeshBuilder
-from s2h_ros.datasets.synthetic.scene import SyntheticWorld, add_cars, seeded_rng
+from s2h_ros.datasets.synthetic.scene import SyntheticWorld, seeded_rng
 from s2h_ros.datasets.synthetic.sensor import LidarModel
+from s2h_ros.datasets.synthetic.town import add_cars
 from s2h_ros.datasets.synthetic.trajectory import Trajectory
 from s2h_ros.datasets.types import PointCloudPair, Scan
 
@@ -56,7 +57,8 @@ class SyntheticSequence:
         self.world, self.trajectory, self.sensor = world, trajectory, sensor
         self.stamps = np.asarray(stamps, np.float64)
         self.seed, self.noise, self.motion_distortion = int(seed), bool(noise), bool(motion_distortion)
-        self.name = name or f"synthetic_{world.kind}_{sensor.name}_seed{seed}"
+        label = world.kind if world.family in ("town", "rooms") else world.family
+        self.name = name or f"synthetic_{label}_{sensor.name}_seed{seed}"
         self.world_poses = trajectory.poses(self.stamps)
         self._origin_inv = np.linalg.inv(self.world_poses[0])
         self._dirs = sensor.ray_directions()  # (R, C, 3)
@@ -117,7 +119,8 @@ class SyntheticSequence:
 
     def describe(self) -> dict:
         """What produced this sequence (written next to it as simulation.json)."""
-        return {"name": self.name, "seed": self.seed, "kind": self.world.kind, "sensor": self.sensor.name,
+        return {"name": self.name, "seed": self.seed, "kind": self.world.kind, "family": self.world.family,
+                "sensor": self.sensor.name,
                 "frames": len(self), "noise": self.noise, "motion_distortion": self.motion_distortion,
                 "moving_objects": len(self._movers),
                 "length_m": round(float(self.trajectory.arc_at(self.stamps[-1])), 3),
@@ -206,11 +209,16 @@ def _movers(world: SyntheticWorld, seed: int, n: int) -> list[_Mover]:
 
 
 def simulate_sequence(n_frames: int | None = None, length_m: float | None = None, seed: int = 0,
-                      sensor: str | LidarModel = "hdl64", kind: str = "outdoor",
+                      sensor: str | LidarModel = "hdl64", kind: str | None = None,
                       speed: float | tuple[float, float] | None = None, noise: bool = True,
                       motion_distortion: bool = False, moving_objects: int = 0,
-                      out_dir: str | Path | None = None, progress: bool = False) -> SyntheticSequence:
+                      out_dir: str | Path | None = None, progress: bool = False,
+                      family: str | None = None) -> SyntheticSequence:
     """A drive of ``n_frames`` scans or ``length_m`` metres through the world of ``seed``.
+
+    ``family`` picks the scene family (``FAMILIES``: town, suburban, parking_lot, open_field,
+    highway, tunnel, rooms, office, warehouse); without it ``kind`` ("outdoor", the default, or
+    "indoor") gives the town or the rooms.
 
     ``speed``: a cruise speed or a (low, high) range in m/s (default: outdoor 5-15, indoor
     0.4-1.5; turns and stops slow the vehicle down to 0). Scans come at the sensor's rate.
@@ -223,7 +231,7 @@ def simulate_sequence(n_frames: int | None = None, length_m: float | None = None
     if length_m is not None and not (np.isfinite(length_m) and length_m > 0):
         raise ValueError(f"length_m must be a positive number, got {length_m}")
     model = sensor if isinstance(sensor, LidarModel) else LidarModel.preset(sensor)
-    world = SyntheticWorld(seed, kind=kind)
+    world = SyntheticWorld(seed, kind=kind, family=family)
     speed_range = (float(speed), float(speed)) if np.isscalar(speed) else speed
     hi = (speed_range or world.speed_range)[1]
     if length_m is not None:
@@ -264,19 +272,21 @@ def _pair_frames(pos: np.ndarray, arc: np.ndarray, n: int, min_distance: float, 
 
 
 def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance: float = 20.0,
-                    sensor: str | LidarModel = "hdl64", kind: str = "outdoor", noise: bool = True) -> list[PointCloudPair]:
+                    sensor: str | LidarModel = "hdl64", kind: str | None = None, noise: bool = True,
+                    family: str | None = None) -> list[PointCloudPair]:
     """n scan pairs from the world of ``seed``, sensors between min and max distance apart.
 
     ``T_gt`` maps source into target exactly (x_target = T_gt x_source). Successive pairs start
     5-20 m further along one drive; source and target order is random. Worlds are pure functions
     of the seed, so pairs of different seeds share no geometry (use held-out seeds for testing).
+    ``family`` and ``kind`` pick the world as in ``simulate_sequence``.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not 0.0 <= min_distance < max_distance:
         raise ValueError(f"need 0 <= min_distance < max_distance, got {min_distance}, {max_distance}")
     model = sensor if isinstance(sensor, LidarModel) else LidarModel.preset(sensor)
-    world = SyntheticWorld(seed, kind=kind)
+    world = SyntheticWorld(seed, kind=kind, family=family)
     traj = Trajectory.generate(world, n * (max_distance + 25.0) + 2 * world.pitch, seed, index=1)
     step = 1.0 / model.rate_hz
     stamps = np.arange(0.0, traj.duration, step)
@@ -295,6 +305,7 @@ def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance:
         T_gt = np.linalg.inv(seq.world_poses[j]) @ seq.world_poses[i]
         pairs.append(PointCloudPair(
             source=cache[i].points, target=cache[j].points, T_gt=T_gt, name=f"synthetic_s{seed}_{i:05d}_{j:05d}",
-            meta={"dataset": "synthetic", "kind": kind, "sensor": model.name, "seed": seed, "frames": (i, j),
+            meta={"dataset": "synthetic", "kind": world.kind, "family": world.family, "sensor": model.name,
+                  "seed": seed, "frames": (i, j),
                   "distance": float(np.linalg.norm(pos[b] - pos[a]))}))
     return pairs

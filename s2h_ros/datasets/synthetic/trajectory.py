@@ -1,7 +1,8 @@
 """Vehicle trajectories on the world's road (or room) grid, with exact poses at any time.
 
-A route is a random walk over grid intersections (straight on, left or right), drawn in the
-right-hand lane with circular arcs at the turns. A speed profile assigns each stretch a cruise
+A route is a random walk over grid intersections (straight on, left or right; inside its walls in
+a closed hall), drawn in the right-hand lane with circular arcs at the turns, or, in the line
+families (tunnel, highway), a drive either way along the road axis in one lane. A speed profile assigns each stretch a cruise
 speed, slows for turns (lateral acceleration limit), stops at some intersections, and respects
 acceleration limits (forward/backward pass). Poses follow the terrain: the vehicle's up axis is
 the ground normal (pitch and roll from the slopes) plus a small suspension wobble.
@@ -27,7 +28,21 @@ def _route_nodes(world: SyntheticWorld, rng: np.random.Generator, length_m: floa
         node = node + dirs[heading]
         nodes.append(node.copy())
         heading = (heading + rng.choice([0, 1, -1], p=[0.5, 0.25, 0.25])) % 4
+        while world.bounds is not None and not _inside(node + dirs[heading], world.bounds):
+            heading = (heading + rng.choice([1, -1])) % 4  # turn away from the hall's walls
     return np.asarray(nodes, np.float64) * p + offset
+
+
+def _inside(node: np.ndarray, bounds: tuple[int, int, int, int]) -> bool:
+    return bool(bounds[0] <= node[0] <= bounds[1] and bounds[2] <= node[1] <= bounds[3])
+
+
+def _axis_route(world: SyntheticWorld, rng: np.random.Generator, length_m: float) -> np.ndarray:
+    """(K, 2) points every ~``_DS`` m in the right-hand lane along the world's road axis, either way."""
+    sign = 1.0 if rng.uniform() < 0.5 else -1.0
+    x = sign * np.arange(0.0, length_m + _DS, _DS)
+    axis, left = world.centerline.frame(x)
+    return axis - sign * world.lane_offset * left
 
 
 def _lane_polyline(nodes: np.ndarray, offset: float, radius: float) -> tuple[np.ndarray, np.ndarray]:
@@ -104,17 +119,24 @@ class Trajectory:
         ``speed_range`` (m/s) overrides the world's cruise speeds (outdoor 5-15, indoor 0.4-1.5).
         """
         rng = seeded_rng(seed, 2, index)
-        nodes = _route_nodes(world, rng, length_m + world.pitch)
-        xy, on_arc = _lane_polyline(nodes, world.lane_offset, world.turn_radius)
-        # Start in the middle of the first stretch, not in an intersection.
-        start = int(0.5 * world.pitch / _DS)
-        xy, on_arc = xy[start:], on_arc[start:]
+        if world.route == "line":
+            xy = _axis_route(world, rng, length_m + world.pitch)
+            on_arc = np.zeros(len(xy), bool)
+        else:
+            nodes = _route_nodes(world, rng, length_m + world.pitch)
+            xy, on_arc = _lane_polyline(nodes, world.lane_offset, world.turn_radius)
+            # Start in the middle of the first stretch, not in an intersection.
+            start = int(0.5 * world.pitch / _DS)
+            xy, on_arc = xy[start:], on_arc[start:]
         step = np.linalg.norm(np.diff(xy, axis=0), axis=1)
         s = np.concatenate([[0.0], np.cumsum(step)])
         tangent = np.gradient(xy, axis=0)
         heading = np.unwrap(np.arctan2(tangent[:, 1], tangent[:, 0]))
         speed_range = world.speed_range if speed_range is None else speed_range
-        v, stops = cls._speed_profile(world, rng, s, on_arc, _pass_indices(xy, nodes, world.pitch), speed_range)
+        # Line routes change cruise speed every pitch of road; grid routes at every node they pass.
+        nodes_passed = (np.arange(1, int(s[-1] / world.pitch) + 1) * int(world.pitch / _DS) if world.route == "line"
+                        else _pass_indices(xy, nodes, world.pitch))
+        v, stops = cls._speed_profile(world, rng, s, on_arc, nodes_passed, speed_range)
         t_knots, s_knots = cls._time_of_arc(s, v, stops, rng)
         wobble = np.stack([rng.uniform([0.1, 2.0, 0.0], [0.35, 6.0, 2 * np.pi], (3, 3)) for _ in range(2)])
         wobble[:, :, 0] = np.radians(wobble[:, :, 0])
@@ -134,7 +156,7 @@ class Trajectory:
         stops = []
         for k in node_idx:
             k_stop = k - int((world.road_half_width + world.turn_radius + 2.0) / _DS)
-            if 0 < k_stop < len(s) - 1 and rng.uniform() < 0.2:
+            if world.stops and 0 < k_stop < len(s) - 1 and rng.uniform() < 0.2:
                 v_max[k_stop] = 0.0
                 stops.append(k_stop)
         v = v_max.copy()
