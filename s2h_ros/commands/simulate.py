@@ -9,9 +9,11 @@ import numpy as np
 
 from s2h_ros.outputs import json_text, write_json, write_text
 
-# Kept in step with s2h_ros.datasets.synthetic.families.FAMILIES (checked by the tests), so that
-# building the parser does not import Open3D.
+# Kept in step with FAMILIES and LIDAR_PRESETS of s2h_ros.datasets.synthetic (checked by the tests),
+# so that building the parser does not import Open3D.
 FAMILY_NAMES = ("town", "suburban", "parking_lot", "open_field", "highway", "tunnel", "rooms", "office", "warehouse")
+SENSOR_NAMES = ("hdl64", "vlp32", "vlp16", "os128", "depth_camera", "hdl32", "vlp32c", "os1_32", "os1_64",
+                "os1_64_gen1", "os1_128", "os0_128", "livox")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--frames", type=int, help="number of scans")
     size.add_argument("--length-m", type=float, help="drive length in metres")
     parser.add_argument("--seed", type=int, default=0, help="world and drive seed (default 0)")
-    parser.add_argument("--sensor", default="hdl64",
-                        choices=("hdl64", "vlp32", "vlp16", "os128", "depth_camera"))
+    parser.add_argument("--sensor", default="hdl64", choices=SENSOR_NAMES, help="sensor preset (default hdl64)")
+    parser.add_argument("--mount-height", type=float, metavar="M",
+                        help="sensor height above the ground (default: the family's vehicle, 1.73 m outdoors)")
+    parser.add_argument("--tilt-deg", type=float, metavar="DEG", help="downward pitch of the sensor (default 0)")
     parser.add_argument("--kind", choices=("outdoor", "indoor"),
                         help="outdoor (default: the town) or indoor (default: the rooms)")
     parser.add_argument("--family", choices=FAMILY_NAMES,
@@ -60,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("--speed takes one value or a low high pair")
         speed = args.speed[0] if len(args.speed) == 1 else (args.speed[0], args.speed[1])
     seq = simulate_sequence(n_frames=args.frames, length_m=args.length_m, seed=args.seed, sensor=args.sensor,
-                            kind=args.kind, family=args.family, speed=speed, noise=not args.no_noise,
+                            kind=args.kind, family=args.family, mount_height=args.mount_height,
+                            tilt_deg=args.tilt_deg, speed=speed, noise=not args.no_noise,
                             motion_distortion=args.motion_distortion, moving_objects=args.moving_objects)
     summary = {"out": str(args.out), **seq.write_kitti(args.out, progress=True)}
     if args.bag:

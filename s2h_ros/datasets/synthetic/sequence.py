@@ -10,6 +10,7 @@ default, and ``times.txt``.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from s2h_ros.datasets.synthetic.primitives import MeshBuilder
 from s2h_ros.datasets.synthetic.scene import SyntheticWorld, seeded_rng
 from s2h_ros.datasets.synthetic.sensor import LidarModel
 from s2h_ros.datasets.synthetic.town import add_cars
-from s2h_ros.datasets.synthetic.trajectory import Trajectory
+from s2h_ros.datasets.synthetic.trajectory import Trajectory, rot_y
 from s2h_ros.datasets.types import PointCloudPair, Scan
 
 KITTI_CALIB = paths.SAMPLES_DIR / "kitti" / "calib" / "00.txt"
@@ -59,12 +60,20 @@ class SyntheticSequence:
         self.seed, self.noise, self.motion_distortion = int(seed), bool(noise), bool(motion_distortion)
         label = world.kind if world.family in ("town", "rooms") else world.family
         self.name = name or f"synthetic_{label}_{sensor.name}_seed{seed}"
-        self.world_poses = trajectory.poses(self.stamps)
+        self.world_poses = self.sensor_poses(self.stamps)
         self._origin_inv = np.linalg.inv(self.world_poses[0])
         self._dirs = sensor.ray_directions()  # (R, C, 3)
         self._local = self._dirs.reshape(-1, 3).astype(np.float32)
         self._ring = np.repeat(np.arange(self._dirs.shape[0], dtype=np.int16), self._dirs.shape[1])
         self._movers = _movers(world, seed, moving_objects)
+
+    def sensor_poses(self, t: np.ndarray) -> np.ndarray:
+        """(M, 4, 4) world poses of the sensor at times (M,): the vehicle's, at the sensor's mount
+        height (the world's default when the model has none) and pitched down by its tilt."""
+        T = self.trajectory.poses(t, height=self.sensor.mount_height)
+        if self.sensor.tilt_deg:
+            T[:, :3, :3] = T[:, :3, :3] @ rot_y(np.full(len(T), np.radians(self.sensor.tilt_deg)))
+        return T
 
     def __len__(self) -> int:
         return len(self.stamps)
@@ -82,11 +91,14 @@ class SyntheticSequence:
             raise IndexError(f"scan {i} out of range for a sequence of {len(self)}")
         i = i % len(self)
         t = self.stamps[i]
-        R, C, _ = self._dirs.shape
-        local = self._local
-        if self.motion_distortion and self.sensor.projection == "spinning":
-            T = self.trajectory.poses(t + self.sensor.column_times())  # (C, 4, 4) pose at each firing
-            dirs = np.einsum("cij,rcj->rci", T[:, :3, :3], self._dirs).reshape(-1, 3)
+        rays, local = self._dirs, self._local
+        if self.sensor.projection == "rosette":  # the pattern drifts from scan to scan
+            rays = self.sensor.ray_directions(t)
+            local = rays.reshape(-1, 3).astype(np.float32)
+        R, C, _ = rays.shape
+        if self.motion_distortion and self.sensor.projection != "pinhole":
+            T = self.sensor_poses(t + self.sensor.column_times())  # (C, 4, 4) pose at each firing
+            dirs = np.einsum("cij,rcj->rci", T[:, :3, :3], rays).reshape(-1, 3)
             origins = np.broadcast_to(T[None, :, :3, 3], (R, C, 3)).reshape(-1, 3)
         else:
             T = self.world_poses[i]
@@ -208,17 +220,30 @@ def _movers(world: SyntheticWorld, seed: int, n: int) -> list[_Mover]:
     return out
 
 
+def mounted(sensor: str | LidarModel, mount_height: float | None = None,
+            tilt_deg: float | None = None) -> LidarModel:
+    """The sensor model (a preset name or a model) with its mount height and tilt overridden where given."""
+    model = sensor if isinstance(sensor, LidarModel) else LidarModel.preset(sensor)
+    if mount_height is not None and not (np.isfinite(mount_height) and mount_height > 0):
+        raise ValueError(f"mount_height must be a positive number of metres, got {mount_height}")
+    changes = {k: float(v) for k, v in (("mount_height", mount_height), ("tilt_deg", tilt_deg)) if v is not None}
+    return dataclasses.replace(model, **changes) if changes else model
+
+
 def simulate_sequence(n_frames: int | None = None, length_m: float | None = None, seed: int = 0,
                       sensor: str | LidarModel = "hdl64", kind: str | None = None,
                       speed: float | tuple[float, float] | None = None, noise: bool = True,
                       motion_distortion: bool = False, moving_objects: int = 0,
                       out_dir: str | Path | None = None, progress: bool = False,
-                      family: str | None = None) -> SyntheticSequence:
+                      family: str | None = None, mount_height: float | None = None,
+                      tilt_deg: float | None = None) -> SyntheticSequence:
     """A drive of ``n_frames`` scans or ``length_m`` metres through the world of ``seed``.
 
     ``family`` picks the scene family (``FAMILIES``: town, suburban, parking_lot, open_field,
     highway, tunnel, rooms, office, warehouse); without it ``kind`` ("outdoor", the default, or
     "indoor") gives the town or the rooms.
+    ``mount_height`` (m above the ground) and ``tilt_deg`` (downward pitch) override the sensor
+    model's mount; by default the sensor sits at the world's vehicle height, level.
 
     ``speed``: a cruise speed or a (low, high) range in m/s (default: outdoor 5-15, indoor
     0.4-1.5; turns and stops slow the vehicle down to 0). Scans come at the sensor's rate.
@@ -230,7 +255,7 @@ def simulate_sequence(n_frames: int | None = None, length_m: float | None = None
         raise ValueError(f"n_frames must be >= 1, got {n_frames}")
     if length_m is not None and not (np.isfinite(length_m) and length_m > 0):
         raise ValueError(f"length_m must be a positive number, got {length_m}")
-    model = sensor if isinstance(sensor, LidarModel) else LidarModel.preset(sensor)
+    model = mounted(sensor, mount_height, tilt_deg)
     world = SyntheticWorld(seed, kind=kind, family=family)
     speed_range = (float(speed), float(speed)) if np.isscalar(speed) else speed
     hi = (speed_range or world.speed_range)[1]
@@ -273,19 +298,20 @@ def _pair_frames(pos: np.ndarray, arc: np.ndarray, n: int, min_distance: float, 
 
 def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance: float = 20.0,
                     sensor: str | LidarModel = "hdl64", kind: str | None = None, noise: bool = True,
-                    family: str | None = None) -> list[PointCloudPair]:
+                    family: str | None = None, mount_height: float | None = None,
+                    tilt_deg: float | None = None) -> list[PointCloudPair]:
     """n scan pairs from the world of ``seed``, sensors between min and max distance apart.
 
     ``T_gt`` maps source into target exactly (x_target = T_gt x_source). Successive pairs start
     5-20 m further along one drive; source and target order is random. Worlds are pure functions
     of the seed, so pairs of different seeds share no geometry (use held-out seeds for testing).
-    ``family`` and ``kind`` pick the world as in ``simulate_sequence``.
+    ``family``, ``kind``, ``mount_height`` and ``tilt_deg`` act as in ``simulate_sequence``.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not 0.0 <= min_distance < max_distance:
         raise ValueError(f"need 0 <= min_distance < max_distance, got {min_distance}, {max_distance}")
-    model = sensor if isinstance(sensor, LidarModel) else LidarModel.preset(sensor)
+    model = mounted(sensor, mount_height, tilt_deg)
     world = SyntheticWorld(seed, kind=kind, family=family)
     traj = Trajectory.generate(world, n * (max_distance + 25.0) + 2 * world.pitch, seed, index=1)
     step = 1.0 / model.rate_hz

@@ -200,17 +200,18 @@ class Trajectory:
         x, y = x - lateral * np.sin(yaw), y + lateral * np.cos(yaw)
         return np.column_stack([x, y, self.world.terrain_height(x, y)]), yaw
 
-    def poses(self, t: np.ndarray) -> np.ndarray:
-        """(M, 4, 4) float64 world poses of the sensor at times (M,)."""
+    def poses(self, t: np.ndarray, height: float | None = None) -> np.ndarray:
+        """(M, 4, 4) float64 world poses of the sensor at times (M,), ``height`` m above the ground
+        along the vehicle's up axis (default: the world's sensor height)."""
         t = np.atleast_1d(np.asarray(t, np.float64))
         ground, yaw = self.ground_pose(self.arc_at(t))
         R = _frame_on_ground(yaw, self.world.terrain_gradient(ground[:, 0], ground[:, 1]))
         roll = (self._wobble[0, :, 0] * np.sin(self._wobble[0, :, 1] * t[:, None] + self._wobble[0, :, 2])).sum(1)
         pitch = (self._wobble[1, :, 0] * np.sin(self._wobble[1, :, 1] * t[:, None] + self._wobble[1, :, 2])).sum(1)
-        R = R @ _rot_x(roll) @ _rot_y(pitch)
+        R = R @ _rot_x(roll) @ rot_y(pitch)
         T = np.tile(np.eye(4), (len(t), 1, 1))
         T[:, :3, :3] = R
-        T[:, :3, 3] = ground + R[:, :, 2] * self.world.sensor_height
+        T[:, :3, 3] = ground + R[:, :, 2] * (self.world.sensor_height if height is None else height)
         return T
 
 
@@ -231,7 +232,8 @@ def _rot_x(a: np.ndarray) -> np.ndarray:
     return R
 
 
-def _rot_y(a: np.ndarray) -> np.ndarray:
+def rot_y(a: np.ndarray) -> np.ndarray:
+    """(M, 3, 3) rotations about +y (a > 0 turns +x towards -z)."""
     c, s = np.cos(a), np.sin(a)
     R = np.zeros((len(a), 3, 3))
     R[:, 1, 1], R[:, 0, 0], R[:, 0, 2], R[:, 2, 0], R[:, 2, 2] = 1, c, s, -s, c
