@@ -108,3 +108,22 @@ def test_simulate_command_lists_every_preset():
     from s2h_ros.commands.simulate import SENSOR_NAMES
 
     assert SENSOR_NAMES == LIDAR_PRESETS
+
+
+def test_raw_comparison_sets_real_scans_beside_the_matching_presets(tmp_path):
+    from s2h_ros.datasets.synthetic.realism import RAW_CASES, SHARED_DATA, compare_with_raw, raw_comparison_markdown
+
+    if not (SHARED_DATA / RAW_CASES[0][1][0]).exists():
+        pytest.skip(f"no real raw scans under {SHARED_DATA}")
+    result = compare_with_raw(n_scans=1)
+    kitti, college = result["cases"]
+    real_points = np.fromfile(SHARED_DATA / RAW_CASES[0][1][0], np.float32).size // 3
+    assert kitti["real"]["points"] == pytest.approx((real_points + 124605) / 2)  # frames 0 and 1
+    for case in (kitti, college):  # the presets' elevation spans match the real sensors' within ~1 deg
+        for sim in case["simulated"].values():
+            assert np.allclose(sim["elevation_span_deg"], case["real"]["elevation_span_deg"], atol=1.2)
+            assert sum(sim["range_histogram"]) == pytest.approx(1.0, abs=1e-3)
+    other = LidarModel.preset("vlp16").elevations_deg  # a wrong preset would not match KITTI's span
+    assert abs(min(other) - kitti["real"]["elevation_span_deg"][0]) > 5.0
+    text = raw_comparison_markdown(result)
+    assert "| points per scan | 124636.5 |" in text and "Newer College" in text

@@ -1,5 +1,6 @@
 """``s2h simulate``: write a synthetic lidar sequence (KITTI layout, optionally a rosbag2), or
-compare simulated scans with the bundled real KITTI scans (``--compare-kitti``)."""
+compare simulated scans with the bundled real KITTI scans (``--compare-kitti``) or with the raw
+real scans of the shared data folder (``--compare-raw``)."""
 from __future__ import annotations
 
 import argparse
@@ -38,11 +39,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bag", action="store_true", help="also write a rosbag2 (mcap) with PointCloud2 + /tf")
     parser.add_argument("--compare-kitti", action="store_true",
                         help="print simulated-vs-real KITTI statistics instead of writing a sequence")
+    parser.add_argument("--compare-raw", action="store_true",
+                        help="print raw simulated-vs-real statistics (KITTI raw HDL-64E, Newer College OS1-64)")
+    parser.add_argument("--data", type=Path, help="with --compare-raw: the real-data folder (default ../shared/data)")
+    parser.add_argument("--png", type=Path, help="with --compare-raw: write the side-by-side plots here")
     parser.add_argument("--json", type=Path, help="write the summary / comparison as JSON here")
-    parser.add_argument("--markdown", type=Path, help="with --compare-kitti: write the markdown table here")
+    parser.add_argument("--markdown", type=Path, help="with --compare-kitti / --compare-raw: write the markdown here")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare_raw:
+        from s2h_ros.datasets.synthetic.realism import compare_with_raw, raw_comparison_markdown, raw_comparison_png
+
+        result = compare_with_raw(args.data, seed=args.seed)
+        text = raw_comparison_markdown(result)
+        print(text)
+        if args.markdown:
+            write_text(args.markdown, text)
+        if args.png:
+            raw_comparison_png(result, args.png)
+        if args.json is not None:
+            write_json(args.json, result)
+        return 0
     if args.compare_kitti:
         from s2h_ros.datasets.synthetic.realism import compare_with_kitti, comparison_markdown
 

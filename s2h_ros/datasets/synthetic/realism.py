@@ -1,4 +1,9 @@
-"""Side-by-side statistics of simulated HDL-64E scans and the bundled real KITTI scans.
+"""Side-by-side statistics of simulated scans and real ones: the bundled KITTI pair, and raw scans.
+
+``compare_with_raw`` compares raw simulated scans with the raw real scans of the team's data
+folder (``../shared/data``: KITTI 00 frames 0-1, HDL-64E; Newer College, OS1-64 Gen 1): range
+histogram, point density by range, and the elevation (ring) structure. The rest of this module
+is the older check against the bundled KITTI loop pair, described next.
 
 The bundled KITTI scans are not raw: they were averaged on a 0.2 m grid (N x 6 with normals)
 and cropped at 80 m. Only what survives that processing is compared: the simulated scan gets
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import open3d as o3d
@@ -169,3 +175,141 @@ def comparison_markdown(result: dict) -> str:
         f"Caveat: {result['caveat']}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ raw scans (../shared/data)
+SHARED_DATA = paths.PACKAGE_DIR.parent.parent / "shared" / "data"  # the team's real-data folder
+RAW_RANGE_BINS = (0.0, 2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 60.0, 80.0, 120.0)
+RAW_ELEVATION_STEP = 2.0  # degrees
+
+
+def raw_statistics(points: np.ndarray) -> dict:
+    """Statistics of one raw (not downsampled) scan in its sensor frame.
+
+    Range histogram (fractions), point density by range (returns per square metre of the
+    horizontal annulus of each range bin), and the ring structure as seen in elevation: the span
+    of elevations and the fraction of returns in each 2-degree band.
+    """
+    xyz = np.asarray(points, np.float64)[:, :3]
+    r = np.linalg.norm(xyz, axis=1)
+    d = np.linalg.norm(xyz[:, :2], axis=1)
+    elev = np.degrees(np.arctan2(xyz[:, 2], d))
+    edges = np.asarray(RAW_RANGE_BINS)
+    annulus = np.pi * np.diff(edges ** 2)
+    bins = np.arange(-46.0, 46.0 + RAW_ELEVATION_STEP, RAW_ELEVATION_STEP)
+    return {
+        "points": int(len(xyz)),
+        "range_percentiles_m": dict(zip(("p5", "p50", "p95"), np.percentile(r, [5, 50, 95]).round(2).tolist())),
+        "range_histogram": (np.histogram(r, edges)[0] / len(r)).round(4).tolist(),
+        "density_per_m2": (np.histogram(d, edges)[0] / annulus).round(3).tolist(),
+        "elevation_span_deg": np.percentile(elev, [0.5, 99.5]).round(2).tolist(),
+        "elevation_histogram": (np.histogram(elev, bins)[0] / len(r)).round(4).tolist(),
+        "elevation_bins_deg": bins.tolist(),
+    }
+
+
+def _real_raw(data_dir: Path, names: tuple[str, ...]) -> list[np.ndarray]:
+    out = []
+    for name in names:
+        raw = np.fromfile(data_dir / name, dtype=np.float32)
+        if raw.size % 3:
+            raise ValueError(f"{data_dir / name}: {raw.size} floats is not N x 3")
+        out.append(raw.reshape(-1, 3))
+    return out
+
+
+# (label, real files under the data folder, matching preset, families, mount height (None: vehicle))
+RAW_CASES = (
+    ("KITTI 00 raw, HDL-64E on a car", ("kitti/raw_00/000000.bin", "kitti/raw_00/000001.bin"), "hdl64",
+     ("town", "suburban"), None),
+    ("Newer College, OS1-64 Gen 1 handheld", tuple(f"newer_college_os1_64/raw_0{k}.bin" for k in range(3)),
+     "os1_64_gen1", ("suburban", "town"), 1.2),
+)
+
+
+def compare_with_raw(data_dir: str | Path | None = None, seed: int = 0, n_scans: int = 4) -> dict:
+    """Raw real scans (RAW_CASES) against simulated scans of the matching preset, side by side.
+
+    Each case: the real scans' mean statistics and, per family, the mean over ``n_scans``
+    simulated scans 2 s apart (seed ``seed``, the preset's noise and dropout, no extra filtering).
+    """
+    data_dir = Path(data_dir) if data_dir is not None else SHARED_DATA
+    cases = []
+    for label, names, sensor, families, height in RAW_CASES:
+        real = [raw_statistics(p) for p in _real_raw(data_dir, names)]
+        sim = {}
+        for family in families:
+            seq = simulate_sequence(n_frames=(n_scans - 1) * 20 + 1, seed=seed, sensor=sensor, family=family,
+                                    mount_height=height)
+            sim[family] = _mean_stats([raw_statistics(seq[i].points) for i in range(0, len(seq), 20)])
+        cases.append({"label": label, "sensor": sensor, "real_files": list(names), "mount_height": height,
+                      "real": _mean_stats(real), "simulated": sim})
+    return {"data_dir": str(data_dir), "seed": seed, "simulated_scans": n_scans, "cases": cases}
+
+
+def raw_comparison_markdown(result: dict) -> str:
+    """One markdown table per case: statistic | real | simulated family ..."""
+    lines = []
+    for case in result["cases"]:
+        real, sims = case["real"], case["simulated"]
+        fams = list(sims)
+        height = "vehicle height" if case["mount_height"] is None else f"{case['mount_height']} m mount"
+        lines += [f"**{case['label']}** (real: {len(case['real_files'])} scans; simulated: `{case['sensor']}`, "
+                  f"{result['simulated_scans']} scans per family, seed {result['seed']}, {height})", "",
+                  "| statistic | real | " + " | ".join(f"sim {f}" for f in fams) + " |",
+                  "|---|---|" + "---|" * len(fams)]
+
+        def row(name, key, idx=None):
+            vals = [real[key] if idx is None else real[key][idx]] + [
+                s[key] if idx is None else s[key][idx] for s in sims.values()]
+            lines.append(f"| {name} | " + " | ".join(str(v) for v in vals) + " |")
+
+        row("points per scan", "points")
+        for k in real["range_percentiles_m"]:
+            vals = [real["range_percentiles_m"][k]] + [s["range_percentiles_m"][k] for s in sims.values()]
+            lines.append(f"| range {k} (m) | " + " | ".join(str(v) for v in vals) + " |")
+        for i, (a, b) in enumerate(zip(RAW_RANGE_BINS[:-1], RAW_RANGE_BINS[1:])):
+            row(f"fraction at range {a:g}-{b:g} m", "range_histogram", i)
+        for i, (a, b) in enumerate(zip(RAW_RANGE_BINS[:-1], RAW_RANGE_BINS[1:])):
+            row(f"returns per m^2 at horizontal distance {a:g}-{b:g} m", "density_per_m2", i)
+        row("elevation p0.5 (deg)", "elevation_span_deg", 0)
+        row("elevation p99.5 (deg)", "elevation_span_deg", 1)
+        bins = real["elevation_bins_deg"]
+        for i in range(len(bins) - 1):
+            if max([real["elevation_histogram"][i]] + [s["elevation_histogram"][i] for s in sims.values()]) > 0.001:
+                row(f"fraction at elevation {bins[i]:g} to {bins[i + 1]:g} deg", "elevation_histogram", i)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def raw_comparison_png(result: dict, path: str | Path) -> Path:
+    """Range histograms, densities and elevation histograms of every case, real against simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = result["cases"]
+    fig, axes = plt.subplots(len(cases), 3, figsize=(15, 4 * len(cases)), squeeze=False)
+    mid = np.asarray(RAW_RANGE_BINS)
+    centres = (mid[:-1] + mid[1:]) / 2
+    for row, case in zip(axes, cases):
+        series = {"real": case["real"], **{f"sim {k}": v for k, v in case["simulated"].items()}}
+        bins = np.asarray(case["real"]["elevation_bins_deg"])
+        for name, st in series.items():
+            style = {"lw": 2.5, "color": "k"} if name == "real" else {"lw": 1.2}
+            row[0].plot(centres, st["range_histogram"], marker="o", label=name, **style)
+            row[1].semilogy(centres, np.maximum(st["density_per_m2"], 1e-4), marker="o", label=name, **style)
+            row[2].plot((bins[:-1] + bins[1:]) / 2, st["elevation_histogram"], label=name, **style)
+        row[0].set(title=f"{case['label']}: range", xlabel="range (m)", ylabel="fraction of returns")
+        row[1].set(title="density by range", xlabel="horizontal distance (m)", ylabel="returns per m^2")
+        row[2].set(title="elevation (ring structure)", xlabel="elevation (deg)", ylabel="fraction of returns")
+        for ax in row:
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
