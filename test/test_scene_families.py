@@ -136,3 +136,10 @@ def test_simulate_command_takes_a_family(tmp_path):
     assert main(["simulate", "--out", str(out), "--frames", "2", "--family", "tunnel", "--sensor", "vlp16"]) == 0
     assert len(list((out / "velodyne").glob("*.bin"))) == 2
     assert '"family": "tunnel"' in (out / "simulation.json").read_text()
+
+
+def test_training_pairs_take_a_family():
+    from s2h_ros.training.data import synthetic_training_pairs
+
+    pairs = list(synthetic_training_pairs(2, 1000, per_world=2, sensor="vlp16", family="tunnel"))
+    assert [p.meta["family"] for p in pairs] == ["tunnel", "tunnel"]

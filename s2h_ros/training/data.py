@@ -85,8 +85,11 @@ def write_pairs(out_dir: str | Path, pairs: Iterable[PointCloudPair], voxel: flo
 
 
 def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str = "hdl64",
-                             min_distance: float = 10.0, max_distance: float = 20.0) -> Iterator[PointCloudPair]:
+                             min_distance: float = 10.0, max_distance: float = 20.0,
+                             family: str | None = None) -> Iterator[PointCloudPair]:
     """``n`` synthetic pairs from worlds ``seed, seed + 1, ...`` (``per_world`` pairs each), lazily.
+
+    ``family`` picks the scene family of every world (default: the town; see ``FAMILIES``).
 
     Several short drives in different worlds give more varied scenes than one long drive.
     Seeds below 1000 are refused: they are the held-out evaluation worlds.
@@ -104,7 +107,8 @@ def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str 
         k = min(per_world, n - made)
         while k >= 1:
             try:  # some worlds' drives are too short for k pairs: take fewer, the next world makes up
-                pairs = synthetic_pairs(k, world, min_distance=min_distance, max_distance=max_distance, sensor=sensor)
+                pairs = synthetic_pairs(k, world, min_distance=min_distance, max_distance=max_distance,
+                                        sensor=sensor, family=family)
                 break
             except RuntimeError:
                 k //= 2
