@@ -63,6 +63,7 @@ class RegistrationConfig:
     min_inliers: int = field(default=30, metadata=_meta("success needs at least this many inlier correspondences", 3, 1_000_000))
     min_fitness: float = field(default=0.5, metadata=_meta("success needs this fraction of source voxels within inlier_distance of the target (wrong lidar alignments measured <= 0.43, right ones >= 0.64)", 0.0, 1.0))
     seed: int = field(default=0, metadata=_meta("random seed (subsampling, RANSAC)", 0, 2**31 - 1))
+    min_constraint: float = field(default=0.007, metadata=_meta("success needs the geometry to constrain every direction of the pose: the weakest eigenvalue of the scale-free point-to-plane information matrix at the result (s2h_ros.degeneracy; measured: tunnels, two walls and ground, open fields 0.0000-0.0050 at the wrong poses registration returns there, streets and rooms 0.0099-0.15) must reach this, else the result is degenerate and not trusted; 0: off", 0.0, 1.0))
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -88,9 +89,10 @@ class OdometryConfig:
     min_points: int = field(default=100, metadata=_meta("scans with fewer valid points are rejected", 3, 10_000_000))
     tracking: bool = field(default=True, metadata=_meta("while the motion prior is trusted, S2H candidates come from around each voxel's predicted position (fast); the global feature search runs at start-up, after failures, gaps and relocalisation"))
     use_motion_prior: bool = field(default=True, metadata=_meta("check each global result against ICP from the constant-velocity prediction (the better explanation wins, a tie is not trusted); that ICP alone is accepted when the global result fails"))
-    max_gap: float = field(default=1.0, metadata=_meta("seconds without a trusted scan after which the motion prior is not trusted (a failure then means lost at once); stamps this far backwards reset the odometry", 0.01, 3600.0))
+    max_gap: float = field(default=1.0, metadata=_meta("seconds without a trusted scan after which the motion prior is not trusted (a failure then means lost at once), unless gap_periods scan intervals are longer; stamps this far backwards reset the odometry", 0.01, 3600.0))
     ambiguity_margin: float = field(default=0.05, metadata=_meta("two disagreeing hypotheses (global, motion prior): the winner must explain this much more of the scan within inlier_distance / 2, else neither is trusted", 0.0, 1.0))
     relocalisation_keyframes: int = field(default=5, metadata=_meta("recent keyframes kept to relocalise against when tracking is lost", 1, 1000))
+    gap_periods: float = field(default=3.0, metadata=_meta("a gap is also counted in scans: the motion prior stays trusted up to this many typical scan intervals (median of the last 10 stamp differences) when that is longer than max_gap, e.g. when the node falls behind its sensor and takes a scan every 1-3 s; 0: max_gap alone", 0.0, 1000.0))
 
     def __post_init__(self) -> None:
         _validate(self)

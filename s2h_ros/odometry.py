@@ -4,10 +4,13 @@ Each scan goes through these stages:
 
 1. **Stamp**: a stamp not after the last one is refused; one more than ``max_gap`` earlier (a
    looping bag) resets the odometry (event ``time_reset``, a new segment).
-2. **Tracking** while the prior is trusted (a successful scan less than ``max_gap`` ago and
+2. **Tracking** while the prior is trusted (a successful scan less than a gap ago and
    ``tracking``): S2H candidates around each voxel's position predicted by the constant-velocity
    prior (``Registrar.register(search="prior")``). A result that confirms the prediction (within
-   half the inlier distance and 2 deg) is taken as it is.
+   half the inlier distance and 2 deg) is taken as it is. A **gap** is counted in scans as well as
+   in seconds: more than ``max_gap`` seconds and more than ``gap_periods`` typical scan intervals
+   (the median of the last stamp differences), so a node that falls behind a 10 Hz sensor and
+   takes a scan every 1-3 s keeps tracking instead of losing its prior at every scan.
 3. **Global search** otherwise, or when tracking fails or corrects the prediction a lot (the end
    of a turn: the prior keeps turning): S2H on each voxel's feature k-NN in the current keyframe,
    checked against the prior's hypothesis (tracking's result, or ICP from the prediction). If
@@ -15,13 +18,18 @@ Each scan goes through these stages:
    scan (fraction of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a
    tie is not trusted. When the global result fails, the prior's hypothesis alone is accepted
    only while the prior is trusted.
-4. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
+4. **Reproduction**: a global result that nothing independent confirms (neither the prediction
+   nor the prior's hypothesis agrees: after a gap, at relocalisation, when it beats the prior)
+   stands only if RANSAC with another seed on the same S2H matches, refined by ICP, lands on it
+   again (within the same tolerance). A weak RANSAC consensus that was found by chance (31 of
+   3900 matches) is not found twice; a right one is found by any seed.
+5. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
    is registered globally against the kept keyframes (``relocalisation_keyframes``, newest
-   first; event ``relocalised``). If none verifies, a new **segment** starts: the scan becomes a
-   keyframe at the last trusted pose moved by at most ``max_gap`` seconds of the last motion
-   (event ``new_segment``, not trusted), so the odometry frame stays continuous and says that
-   the motion in between is unknown.
-5. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops.
+   first; event ``relocalised``), each result reproduced as above. If none verifies, a new
+   **segment** starts: the scan becomes a keyframe at the last trusted pose moved by at most a
+   gap of the last motion (event ``new_segment``, not trusted), so the odometry frame stays
+   continuous and says that the motion in between is unknown.
+6. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops.
 
 A failed scan yields no pose: callers (the ROS node, replay evaluation) publish nothing they
 cannot trust.
@@ -38,10 +46,12 @@ from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
-from s2h_ros.pipeline import PreparedCloud, Registrar, RegistrationError, RegistrationResult
+from s2h_ros.pipeline import PreparedCloud, Registrar, RegistrationError, RegistrationResult, ransac_on_correspondences
 
 # Two hypotheses closer than this agree (translation: half the inlier distance).
 AGREE_ROTATION_DEG = 2.0
+# Stamp differences the typical scan interval (a gap's unit) is the median of.
+RECENT_INTERVALS = 10
 # How results name the prior's hypothesis, by RegistrationResult.search.
 _HYPOTHESIS = {"prior": "tracking around the motion prior", "icp": "ICP from the motion prior"}
 
@@ -100,6 +110,10 @@ class KeyframeOdometry:
         self.count = 0
         self.segment = 0
         self.keyframe_id = -1
+        # Differences between the stamps of consecutive scans received (the sensor's period, or the
+        # rate this odometry is fed at when its caller falls behind); kept across segments.
+        self.intervals: deque[float] = deque(maxlen=RECENT_INTERVALS)
+        self.received_stamp: float | None = None
         self._start(None)
 
     def _start(self, stamp: float | None) -> None:
@@ -135,6 +149,9 @@ class KeyframeOdometry:
             self._start(None)  # a looping bag: start again, as a new segment
             self.segment += 1
             event = "time_reset"
+        elif self.received_stamp is not None and stamp > self.received_stamp:
+            self.intervals.append(stamp - self.received_stamp)
+        self.received_stamp = stamp
         try:
             self._check(points)
             prepared = self.registrar.prepare(points)
@@ -143,7 +160,7 @@ class KeyframeOdometry:
         if not self.keyframes:
             return self._initialise(index, prepared, stamp, event or "initialised")
 
-        gap = self.last_stamp is not None and stamp - self.last_stamp > self.cfg.max_gap
+        gap = self.last_stamp is not None and stamp - self.last_stamp > self.max_gap()
         prior_trusted = self.twist_known and self.failures == 0 and not gap
         current = self.keyframes[-1]
         prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
@@ -173,12 +190,17 @@ class KeyframeOdometry:
             checked = competitor  # tracking confirms the prediction
         else:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
             global_ = reg.register(prepared, keyframe.cloud, init=prior)
-            if use_prior and not (global_.success and self._agree(global_.transform, prior)):
+            confirmed = global_.success and self._agree(global_.transform, prior)
+            if use_prior and not confirmed:
                 if competitor is None or not competitor.success:
                     competitor = reg.refine(prepared, keyframe.cloud, prior, global_.correspondences)
+                confirmed = global_.success and competitor.success and self._agree(global_.transform,
+                                                                                    competitor.transform)
                 checked = self._arbitrate(global_, competitor, prior_trusted)
             else:
                 checked = global_
+            if checked is global_ and not confirmed:  # the global search alone says so: once more
+                checked = self._reproduced(prepared, keyframe.cloud, global_)
         checked.timings["total"] = 1e3 * (time.perf_counter() - t0)  # every attempt, wall clock
         return checked
 
@@ -209,6 +231,44 @@ class KeyframeOdometry:
         global_.message = (f"ambiguous: the global search and {name} differ by {moved:.2f} m but explain the "
                            f"scan alike ({global_.fitness_fine:.2f} vs {local.fitness_fine:.2f} {within})")
         return _with_timings(global_, local)
+
+    def _reproduced(self, prepared: PreparedCloud, target: PreparedCloud,
+                    result: RegistrationResult) -> RegistrationResult:
+        """``result``, a global registration no independent hypothesis confirms, still trusted only
+        if RANSAC with another seed on its own S2H matches, refined by ICP and verified the same
+        way, lands on it again (``_agree``); otherwise not trusted, saying how far the two are."""
+        if not result.success:
+            return result
+        t0 = time.perf_counter()
+        cfg = self.registrar.config
+        pairs = result.correspondences
+        again = None
+        if len(pairs) >= 3:
+            T = ransac_on_correspondences(prepared.xyz, target.xyz, pairs, cfg.replace(seed=(cfg.seed + 1) % 2**31))
+            again = self.registrar.refine(prepared, target, geometry.shift_transform(T, prepared.origin, target.origin),
+                                          pairs)
+        ms = 1e3 * (time.perf_counter() - t0)
+        result.timings["reproduce"] = ms
+        result.timings["total"] = result.timings.get("total", 0.0) + ms
+        if again is not None and again.success and self._agree(again.transform, result.transform):
+            return result
+        result.success = False
+        if again is None:
+            result.message = f"not reproduced: {len(pairs)} matches are too few for a second RANSAC"
+            return result
+        re, te = geometry.transform_errors(again.transform, result.transform)
+        result.message = (f"not reproduced: RANSAC with another seed on the same {len(pairs)} matches lands "
+                          f"{te:.2f} m / {re:.1f} deg away (fitness {again.fitness:.2f} vs {result.fitness:.2f}, "
+                          f"{again.num_inliers} vs {result.num_inliers} inliers); the global search is not trusted")
+        return result
+
+    def max_gap(self) -> float:
+        """Seconds since the last trusted scan beyond which the motion prior is not trusted:
+        ``max_gap``, or ``gap_periods`` typical scan intervals when scans come slower than that
+        (a caller that falls behind its sensor, a slow sensor)."""
+        if not self.intervals:
+            return self.cfg.max_gap
+        return max(self.cfg.max_gap, self.cfg.gap_periods * float(np.median(self.intervals)))
 
     def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
         re, te = geometry.transform_errors(A, B)
@@ -242,13 +302,13 @@ class KeyframeOdometry:
     def _recover(self, index: int, stamp: float, prepared: PreparedCloud, failed: RegistrationResult) -> OdometryStep:
         """Tracking is lost: relocalise against the kept keyframes, else start a new segment."""
         for keyframe in reversed(list(self.keyframes)[:-1]):  # the current one has just failed
-            result = self.registrar.register(prepared, keyframe.cloud)
+            result = self._reproduced(prepared, keyframe.cloud, self.registrar.register(prepared, keyframe.cloud))
             if result.success:
                 result.message = f"relocalised against keyframe {keyframe.id} after {self.failures} failed scans"
                 self.keyframes.remove(keyframe)  # the current keyframe again
                 self.keyframes.append(keyframe)
                 return self._tracked(index, stamp, prepared, keyframe, result, event="relocalised")
-        dt = max(min(stamp - self.last_stamp, self.cfg.max_gap), 0.0)
+        dt = max(min(stamp - self.last_stamp, self.max_gap()), 0.0)
         pose = self._predict(self.last_stamp + dt)
         speed, turn = np.linalg.norm(self.twist[:3]), np.linalg.norm(self.twist[3:])
         gap = stamp - self.last_stamp

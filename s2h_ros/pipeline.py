@@ -38,6 +38,7 @@ import torch
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
+from s2h_ros.degeneracy import Degeneracy, weakest_direction
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
@@ -116,6 +117,9 @@ class RegistrationResult:
     covariance: np.ndarray | None = None
     # input points dropped: {source,target}_{non_finite,out_of_range} -> count
     dropped_points: dict[str, int] = field(default_factory=dict)
+    # The weakest direction of the point-to-plane normal equations at the result and how much the
+    # geometry constrains it (s2h_ros.degeneracy); below RegistrationConfig.min_constraint: not trusted.
+    degeneracy: Degeneracy | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -127,6 +131,7 @@ class RegistrationResult:
             "num_candidates": self.num_candidates,
             "num_correspondences": int(len(self.correspondences)),
             "num_inliers": self.num_inliers,
+            "degeneracy": self.degeneracy.to_dict() if self.degeneracy is not None else None,
             "inlier_ratio": self.inlier_ratio,
             "fitness": self.fitness,
             "fitness_fine": self.fitness_fine,
@@ -389,7 +394,9 @@ class Registrar:
                                                             tgt.kdtree())
             # Left perturbations in the target's local frame -> its input frame: Ad of Tr(origin).
             Ad = geometry.adjoint(geometry.shift_transform(np.eye(4), np.zeros(3), tgt.origin))
-            covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg) @ Ad.T
+            rows = point_to_plane_rows(src.xyz, tgt, T, cfg)
+            covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
+            degeneracy = weakest_direction(rows[0], rows[1])  # directions: the same in the input frame
         inlier_ratio = n_inl / max(len(pairs), 1)
         enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
         success = not message and enough_inliers and fitness >= cfg.min_fitness
@@ -398,6 +405,10 @@ class Registrar:
                 f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
                 f"fitness {fitness:.2f} (need {cfg.min_fitness:.2f})"
             )
+        elif success and degeneracy.eigenvalue < cfg.min_constraint:
+            success = False
+            message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
+                       f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
         return RegistrationResult(
             transform=geometry.shift_transform(T, src.origin, tgt.origin),
             success=bool(success),
@@ -418,6 +429,7 @@ class Registrar:
                 "target_non_finite": tgt.num_non_finite, "target_out_of_range": tgt.num_out_of_range,
             },
             covariance=covariance,
+            degeneracy=degeneracy,
         )
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -601,7 +613,20 @@ def verify(
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
 
 
-def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
+def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray,
+                        cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The point-to-plane terms at ``T``: each source voxel with a target voxel within
+    ``inlier_distance`` gives its moved position ``p`` (target local frame), that target voxel's
+    unit normal ``n`` and the residual ``r = n . (p - q)``: ``(m, 3)``, ``(m, 3)``, ``(m,)``."""
+    moved = geometry.apply_transform(T, src.astype(np.float64))
+    dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance)
+    ok = np.isfinite(dist)
+    p, n = moved[ok], target.normals(cfg.voxel_size)[idx[ok]]
+    return p, n, np.einsum("ij,ij->i", n, p - target.xyz[idx[ok]])
+
+
+def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig,
+                         rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """``(6, 6)`` covariance of ``T`` from the point-to-plane normal equations at the result.
 
     Each source voxel with a target voxel within ``inlier_distance`` gives a residual
@@ -609,15 +634,14 @@ def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, 
     the Jacobian row ``[n, (T p) x n]``. With ``H = J^T J`` and the residual variance
     ``s2 = sum r^2 / (m - 6)`` the covariance is ``s2 H^-1`` (Gauss-Newton); directions the
     geometry does not constrain (``H`` eigenvalues below 1e-9 of the largest) get the variance
-    of that floor, not infinity, so the matrix stays finite and symmetric.
+    of that floor, not infinity, so the matrix stays finite and symmetric. ``s2`` is small on
+    clean data whatever the geometry: whether a direction is constrained at all is
+    :func:`s2h_ros.degeneracy.weakest_direction`'s question. ``rows``: :func:`point_to_plane_rows`
+    when already computed.
     """
-    moved = geometry.apply_transform(T, src.astype(np.float64))
-    dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance)
-    ok = np.isfinite(dist)
-    if ok.sum() < 7:
+    p, n, r = rows if rows is not None else point_to_plane_rows(src, target, T, cfg)
+    if len(r) < 7:
         return np.diag([1e6] * 6)
-    p, n = moved[ok], target.normals(cfg.voxel_size)[idx[ok]]
-    r = np.einsum("ij,ij->i", n, p - target.xyz[idx[ok]])
     J = np.hstack([n, np.cross(p, n)])
     lam, V = np.linalg.eigh(J.T @ J)
     lam = np.maximum(lam, 1e-9 * max(float(lam[-1]), 1e-12))

@@ -5,7 +5,9 @@ reject a right one? One held-out synthetic drive per sensor preset, run through
 A trusted step is **wrong** when its motion since the previous trusted scan of the same segment
 differs from the ground truth by more than ``--max-te`` metres or ``--max-re`` degrees. An
 untrusted scan whose registration result was nevertheless within those bounds of the truth
-(against its keyframe) is a **needless rejection**. The world seeds default to 0-999, which no
+(against its keyframe) is a **needless rejection**. ``min_constraint`` is the smallest weakest-direction
+constraint (s2h_ros.degeneracy) of a trusted registration: its margin over the degeneracy gate
+(RegistrationConfig.min_constraint). The world seeds default to 0-999, which no
 model is trained on.
 """
 from __future__ import annotations
@@ -44,11 +46,13 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
     keyframe_frame: dict[int, int] = {}
     last = None  # (frame, pose, segment) of the previous trusted scan
     counts = {"trusted": 0, "wrong_trusted": 0, "rejected": 0, "needless_rejections": 0, "new_segments": 0}
-    wrong, rejected, t0 = [], [], time.perf_counter()
+    wrong, rejected, constraints, t0 = [], [], [], time.perf_counter()
     for i in range(0, frames * every, every):
         step = odo.step(seq[i].points, float(seq.stamps[i]))
         if step.success and step.pose is not None:
             counts["trusted"] += 1
+            if step.result is not None and step.result.degeneracy is not None:
+                constraints.append(step.result.degeneracy.eigenvalue)
             if last is not None and last[2] == step.segment and not step.event:
                 re, te = geometry.transform_errors(geometry.invert_transform(last[1]) @ step.pose,
                                                    geometry.invert_transform(gt[last[0]]) @ gt[i])
@@ -68,7 +72,8 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
         if odo.keyframes and odo.keyframes[-1].id not in keyframe_frame:
             keyframe_frame[odo.keyframes[-1].id] = i
     return {"sensor": sensor, "seed": seed, "kind": "indoor" if indoor else "outdoor", "scans": frames,
-            **counts, "trusted_fraction": counts["trusted"] / frames, "seconds_per_scan": (time.perf_counter() - t0) / frames,
+            **counts, "trusted_fraction": counts["trusted"] / frames,
+            "min_constraint": min(constraints) if constraints else None, "seconds_per_scan": (time.perf_counter() - t0) / frames,
             "wrong": wrong, "rejections": rejected}
 
 
@@ -86,9 +91,10 @@ def run(args: argparse.Namespace) -> dict:
               for k, sensor in enumerate(s.strip() for s in args.sensors.split(",") if s.strip())]
     table = markdown_table(
         ["sensor", "world", "scans", "trusted", "wrong but trusted", "rejected", "of those right", "new segments",
-         "s / scan"],
+         "weakest constraint (min)", "s / scan"],
         [[d["sensor"], f"{d['kind']} seed {d['seed']}", str(d["scans"]), str(d["trusted"]), str(d["wrong_trusted"]),
-          str(d["rejected"]), str(d["needless_rejections"]), str(d["new_segments"]), f"{d['seconds_per_scan']:.2f}"]
+          str(d["rejected"]), str(d["needless_rejections"]), str(d["new_segments"]),
+          "-" if d["min_constraint"] is None else f"{d['min_constraint']:.4f}", f"{d['seconds_per_scan']:.2f}"]
          for d in drives])
     print(table, end="")
     if args.markdown:

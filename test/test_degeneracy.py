@@ -1,0 +1,205 @@
+"""Degeneracy gate: a registration along a direction the geometry does not constrain (a straight
+tunnel, a street of two parallel walls and the ground, an open field with sparse clutter) is not
+trusted; a street of a held-out simulated town still is. The degenerate scenes are ray-cast here
+analytically with the VLP-16 / HDL-64 ray patterns, with exact ground truth."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s2h_ros import geometry
+from s2h_ros.config import RegistrationConfig
+from s2h_ros.datasets.synthetic.sensor import LidarModel
+from s2h_ros.degeneracy import weakest_direction
+from s2h_ros.pipeline import PreparedCloud, Registrar, point_to_plane_rows
+
+GROUND_Z = -1.73  # the sensor's height above the ground, as on KITTI's car
+MIN_CONSTRAINT = RegistrationConfig().min_constraint
+
+
+# ---------------------------------------------------------------- analytic scenes (ray distance)
+
+def _plane(normal, offset, below_z: float = np.inf):
+    """Surface ``normal . x = offset`` (up to ``below_z``): distance along each ray, inf for a miss."""
+    n = np.asarray(normal, float)
+
+    def distance(o, d):
+        den = d @ n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (offset - o @ n) / den
+        t = np.where(np.isfinite(t) & (t > 0), t, np.inf)
+        z = o[2] + d[:, 2] * np.where(np.isfinite(t), t, 0.0)
+        return np.where(z < below_z, t, np.inf)
+
+    return distance
+
+
+def _circle_hits(u, v, du, dv, radius, sign):
+    """Ray parameter where ``(u + t du, v + t dv)`` meets the circle of ``radius`` about 0
+    (``sign`` -1: the near hit, from outside; +1: the far one, from inside), inf for a miss."""
+    a = du ** 2 + dv ** 2
+    b = 2 * (u * du + v * dv)
+    disc = b * b - 4 * a * (u ** 2 + v ** 2 - radius ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (-b + sign * np.sqrt(np.maximum(disc, 0))) / (2 * a)
+    return np.where((disc >= 0) & (a > 1e-12) & (t > 0), t, np.inf)
+
+
+def _tube_along_x(y0, z0, radius):
+    """The inside of an endless round tube along x (a tunnel's vault)."""
+    return lambda o, d: _circle_hits(o[1] - y0, o[2] - z0, d[:, 1], d[:, 2], radius, +1)
+
+
+def _pole(x0, y0, radius, top_z):
+    """The outside of a vertical pole from the ground up to ``top_z``."""
+
+    def distance(o, d):
+        t = _circle_hits(o[0] - x0, o[1] - y0, d[:, 0], d[:, 1], radius, -1)
+        z = o[2] + d[:, 2] * np.where(np.isfinite(t), t, 0.0)
+        return np.where(z < top_z, t, np.inf)
+
+    return distance
+
+
+def tunnel():
+    return [_tube_along_x(0.0, 0.5, 4.0), _plane([0, 0, 1], GROUND_Z)]
+
+
+def two_walls_and_ground():
+    return [_plane([0, 0, 1], GROUND_Z), _plane([0, 1, 0], 7.0, below_z=12.0), _plane([0, 1, 0], -6.0, below_z=12.0)]
+
+
+def open_field(seed: int = 1, poles: int = 5):
+    xy = np.random.default_rng(seed).uniform(-40, 40, (poles, 2))
+    return [_plane([0, 0, 1], GROUND_Z)] + [_pole(x, y, 0.1, 1.0) for x, y in xy]
+
+
+SCENES = {"tunnel": tunnel, "two_walls_and_ground": two_walls_and_ground, "open_field": open_field}
+
+
+def scan(surfaces, sensor: str, x: float, rng: np.random.Generator) -> np.ndarray:
+    """``(N, 3)`` float32 points of ``sensor`` at ``(x, 0, 0)`` (axes aligned with the world), in its
+    own frame, with the preset's range limits and range noise."""
+    lidar = LidarModel.preset(sensor)
+    d = lidar.ray_directions().reshape(-1, 3)
+    origin = np.array([x, 0.0, 0.0])
+    t = np.min([s(origin, d) for s in surfaces], axis=0)
+    ok = (t > lidar.min_range) & (t < lidar.max_range)
+    r = t[ok] + rng.normal(0.0, lidar.range_noise_std, int(ok.sum()))
+    return (d[ok] * r[:, None]).astype(np.float32)
+
+
+def _translation(x: float) -> np.ndarray:
+    return geometry.make_transform(np.eye(3), np.array([x, 0.0, 0.0]))
+
+
+def _constraint_at(source: np.ndarray, target: np.ndarray, T: np.ndarray, cfg: RegistrationConfig):
+    """weakest_direction of ``source`` moved by ``T`` onto ``target`` (voxelised as the pipeline does)."""
+    def voxels(xyz):
+        v = xyz[geometry.voxel_downsample(xyz, cfg.voxel_size)]
+        return PreparedCloud(v, None, len(v), "none")
+
+    p, n, _ = point_to_plane_rows(voxels(source).xyz, voxels(target), T, cfg)
+    return weakest_direction(p, n)
+
+
+# ---------------------------------------------------------------- the measure itself
+
+def _about_x(d) -> bool:
+    """The weakest direction is a translation along, or a rotation about, the x axis."""
+    return d.describe().startswith(("translation along (1.00", "rotation about (1.00"))
+
+
+@pytest.mark.parametrize("sensor", ["vlp16", "hdl64"])
+@pytest.mark.parametrize("name", ["tunnel", "two_walls_and_ground", "open_field"])
+def test_degenerate_scenes_have_a_free_direction_below_the_threshold(name, sensor, rng):
+    surfaces = SCENES[name]()
+    target, source = scan(surfaces, sensor, 0.0, rng), scan(surfaces, sensor, 1.5, rng)
+    d = _constraint_at(source, target, _translation(1.5), RegistrationConfig())
+    # Measured 0.0000-0.0018 at the truth (0.005 at the wrong poses registration returns); the
+    # default threshold sits below the streets' 0.0099.
+    assert d.eigenvalue < MIN_CONSTRAINT / 2, (name, sensor, d.eigenvalue, d.describe())
+    if name != "open_field":  # along the tube / between the walls; the field leaves x, y and yaw free
+        assert _about_x(d), d.describe()
+    assert d.eigenvalues[-1] > 0.5  # the constrained directions (the ground's z) are well constrained
+
+
+def test_the_measure_is_scale_free_and_a_closed_box_constrains_everything(rng):
+    """A room (four walls, floor, ceiling) constrains every direction; making it twice as large
+    leaves the weakest constraint as it is (it is a mean over points, not a sum)."""
+    def room(scale):
+        return [_plane([0, 0, 1], -1.2 * scale), _plane([0, 0, 1], 1.5 * scale), _plane([1, 0, 0], 4.0 * scale),
+                _plane([1, 0, 0], -3.0 * scale), _plane([0, 1, 0], 2.5 * scale), _plane([0, 1, 0], -2.0 * scale)]
+
+    values = []
+    for scale in (2.0, 4.0):
+        pts = scan(room(scale), "hdl64", 0.0, rng)
+        values.append(_constraint_at(pts, pts, np.eye(4), RegistrationConfig()).eigenvalue)
+    assert min(values) > 5 * MIN_CONSTRAINT, values  # measured 0.06
+    assert abs(values[0] - values[1]) < 0.25 * max(values), values
+
+
+# ---------------------------------------------------------------- the registration's verdict
+
+@pytest.fixture(scope="module")
+def registrar():
+    return Registrar(RegistrationConfig())  # shipped FCGF + S2H, as the node runs
+
+
+@pytest.mark.parametrize("name", ["tunnel", "two_walls_and_ground"])
+def test_a_degenerate_pair_is_not_trusted(name, registrar):
+    """The sensor moved 1.5 m along the tube / street. Registration cannot tell how far; with the
+    gate off the result passes every other check. With it, it is not trusted and says why."""
+    rng = np.random.default_rng(7)
+    surfaces = SCENES[name]()
+    target, source = scan(surfaces, "hdl64", 0.0, rng), scan(surfaces, "hdl64", 1.5, rng)
+    result = registrar.register(source, target)
+    assert not result.success
+    assert result.message.startswith("degenerate: the geometry hardly constrains"), result.message
+    assert result.degeneracy.eigenvalue < MIN_CONSTRAINT
+    # Free: sliding along x (and, in the round tube, rolling about it, as free as the slide).
+    assert _about_x(result.degeneracy), result.degeneracy.describe()
+    assert result.to_dict()["degeneracy"]["weakest_constraint"] == result.degeneracy.eigenvalue
+    # Without the gate the same data is "trusted": fitness and inliers do not see the free direction.
+    ungated = Registrar(RegistrationConfig(min_constraint=0.0))
+    ungated._models = registrar._load_models()
+    loose = ungated.register(source, target)
+    assert loose.success and loose.fitness > 0.9, loose.message
+
+
+def test_a_street_of_a_held_out_town_is_still_trusted(registrar):
+    """Two scans 0.2 s apart (about 2 m) on a held-out simulated town drive (seed 300, never
+    trained on): trusted, right, and clearly above the threshold."""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    seq = simulate_sequence(n_frames=3, seed=300, sensor="hdl64", speed=10.0)
+    result = registrar.register(seq[2].points, seq[0].points)
+    truth = geometry.invert_transform(seq.poses[0]) @ seq.poses[2]
+    re, te = geometry.transform_errors(result.transform, truth)
+    assert result.success, result.message
+    assert te < 0.1 and re < 0.5
+    assert result.degeneracy.eigenvalue > 2 * MIN_CONSTRAINT, result.degeneracy.to_dict()
+
+
+def test_the_result_message_carries_the_weakest_direction(registrar):
+    """registration_node's s2h_ros/RegistrationResult: the degenerate tunnel result's weakest
+    constraint and direction survive the conversion and a serialisation round trip."""
+    pytest.importorskip("rclpy")
+    from rclpy.serialization import deserialize_message, serialize_message
+    from std_msgs.msg import Header
+
+    from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
+    from s2h_ros.odometry import OdometryStep
+    from s2h_ros.ros.messages import result_message
+
+    rng = np.random.default_rng(7)
+    surfaces = tunnel()
+    result = registrar.register(scan(surfaces, "hdl64", 1.5, rng), scan(surfaces, "hdl64", 0.0, rng))
+    step = OdometryStep(3, 0.3, result.success, result.message, None, None, 0, 0.0, False, result)
+    msg = deserialize_message(serialize_message(result_message(step, Header(frame_id="velodyne"), 3)),
+                              RegistrationResultMsg)
+    assert not msg.success and msg.message.startswith("degenerate")
+    assert msg.weakest_constraint == pytest.approx(result.degeneracy.eigenvalue, rel=1e-6)
+    assert 0.0 < msg.weakest_constraint < RegistrationConfig().min_constraint
+    np.testing.assert_allclose(msg.weakest_direction, result.degeneracy.direction, atol=1e-6)
+    assert abs(np.linalg.norm(msg.weakest_direction) - 1.0) < 1e-5
