@@ -49,6 +49,7 @@ class RegistrationConfig:
     outlier_profit: str = field(default="scaled_inverse_variance", metadata=_meta("H-step outlier profit rule: inverse_variance (the paper's literal 1/var), scaled_inverse_variance (measured default, docs/matching.md), slack, constant"))
     outlier_scale: float = field(default=-1.0, metadata=_meta("scale of the outlier-profit rule; negative: the rule's calibrated default", -1.0, 1e6))
     prior_radius: float = field(default=1.5, metadata=_meta("tracking: metres around each voxel's predicted position searched for S2H candidates (how far the motion prior may be off)", 0.01, 1000.0))
+    heading_hypotheses: int = field(default=4, metadata=_meta("global search with learned features: source headings tried about the cloud's z axis (z up, REP-103), as given first, then the turn-around, until one passes verification, else the best (4: 0/180/90/270 deg, any relative heading for features trained within +-45 deg; measured on held-out pairs at 90-180 deg, 4 lidar presets: 12 -> 40 of 40 right; 1: as given only)", 1, 36))
     min_matches: int = field(default=300, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard when the calibrated rule keeps too few pairs)", 0, 1_000_000))
 
     use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))

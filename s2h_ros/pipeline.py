@@ -107,6 +107,7 @@ class RegistrationResult:
     fitness: float = 0.0
     fitness_fine: float = 0.0  # fraction of source voxels within inlier_distance / 2 (compares hypotheses)
     search: str = "global"  # candidate search: global (feature k-NN), prior (tracking) or icp (refine only)
+    heading_deg: float = 0.0  # source heading hypothesis (about z) whose features found the matches
     weight_sum: float = 0.0
     used_fallback: bool = False
     feature_kind: str = ""
@@ -139,11 +140,27 @@ class RegistrationResult:
             "used_fallback": self.used_fallback,
             "feature_kind": self.feature_kind,
             "search": self.search,
+            "heading_deg": self.heading_deg,
             "timings_ms": self.timings,
             "dropped_points": self.dropped_points,
             "correspondences": self.correspondences.tolist(),
             "weights": self.weights.tolist(),
         }
+
+
+@dataclass
+class _Hypothesis:
+    """One candidate transform of ``register`` (local frames) and what produced it."""
+
+    T: np.ndarray  # (4, 4) float64
+    pairs: np.ndarray  # (K, 2) int64 correspondences
+    weights: np.ndarray  # (K,) float32
+    num_candidates: int
+    used_fallback: bool
+    message: str  # non-empty: no transform could be estimated
+    heading: float  # deg, the source heading whose features found the pairs
+    score: tuple[float, int]  # (fitness, inlier correspondences) before refinement; ranks hypotheses
+    verified: bool  # score passes min_fitness and min_inliers already before refinement
 
 
 class _Timer:
@@ -266,8 +283,8 @@ class Registrar:
         timer = _Timer()
         checked = check_cloud(name, xyz, cfg.voxel_size)
         points = checked.xyz
-        with timer.stage("voxelize"):
-            keep = geometry.voxel_downsample(points, cfg.voxel_size)
+        with timer.stage("voxelize", self.device):
+            keep = geometry.voxel_downsample(points, cfg.voxel_size, self.device)
             if len(keep) > cfg.max_points:
                 keep = np.sort(self._rng.choice(keep, cfg.max_points, replace=False))
             voxels = points[keep]
@@ -328,8 +345,53 @@ class Registrar:
                 support = prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
         elif search not in ("global", "prior"):
             raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
+        best = self._hypothesis(src, tgt, src.features, support, init, timer)
+        for heading in self._extra_headings(src, support):
+            if best.verified:  # the first hypothesis that passes verification ends the search
+                break
+            with timer.stage("features", self.device):
+                turned = self._turned_features(src, heading)
+            candidate = self._hypothesis(src, tgt, turned, None, init, timer, heading)
+            if candidate.score > best.score:
+                best = candidate
+        T, message = best.T, best.message
+        if cfg.refine == "icp" and not message:
+            with timer.stage("refine"):
+                T = refine_icp(src.xyz, tgt.xyz, T, cfg, tgt.normals(cfg.voxel_size))
+        result = self._verified_result(src, tgt, T, best.pairs, best.weights, timer, message=message)
+        result.num_candidates, result.weight_sum = best.num_candidates, float(best.weights.sum())
+        result.used_fallback, result.heading_deg = best.used_fallback, best.heading
+        result.search = "prior" if support is not None else "global"  # the nn matchers search globally
+        result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
+        return result
+
+    def _extra_headings(self, src: PreparedCloud, support) -> list[float]:
+        """Source headings (deg) tried after the given one, the turn-around (180) first: global
+        learned-feature search only (FPFH is rotation invariant; tracking has the motion prior's
+        heading)."""
+        n = self.config.heading_hypotheses
+        if n <= 1 or support is not None or src.feature_kind != "fcgf":
+            return []
+        return sorted((360.0 * h / n for h in range(1, n)), key=lambda a: abs(a - 180.0))
+
+    def _turned_features(self, src: PreparedCloud, heading_deg: float) -> torch.Tensor:
+        """``(M, C)`` FCGF descriptors of the source voxels turned by ``heading_deg`` about z, row
+        i belonging to ``src.xyz[i]``: learned features are not rotation invariant, so a pair
+        beyond the headings they were trained on matches only after such a turn. Multiples of
+        90 deg map the voxel grid onto itself, so no voxel is merged or lost."""
+        from s2h_ros.models.fcgf import point_features
+
+        turned = geometry.apply_transform(geometry.yaw_transform(heading_deg), src.xyz.astype(np.float64))
+        return point_features(self._load_models().fcgf, turned.astype(np.float32), self.config.voxel_size,
+                              device=self.device)
+
+    def _hypothesis(self, src: PreparedCloud, tgt: PreparedCloud, src_features: torch.Tensor, support,
+                    init: np.ndarray | None, timer: _Timer, heading: float = 0.0) -> _Hypothesis:
+        """Matches -> weights -> weighted Procrustes (or DGR's RANSAC safeguard): one transform
+        between the local frames from one set of source features."""
+        cfg = self.config
         with timer.stage("match", self.device):
-            pairs, probs, n_cand = match_features(src.features, tgt.features, cfg, src.feature_kind, support)
+            pairs, probs, n_cand = match_features(src_features, tgt.features, cfg, src.feature_kind, support)
         with timer.stage("inlier", self.device):
             weights, learned = self._inlier_weights(src.xyz, tgt.xyz, pairs, probs)
         weight_sum = float(weights.sum())
@@ -356,14 +418,12 @@ class Registrar:
                     T = geometry.shift_transform(init, -src.origin, -tgt.origin)
                 else:
                     message = "fewer than 3 correspondences"
-        if cfg.refine == "icp" and not message:
-            with timer.stage("refine"):
-                T = refine_icp(src.xyz, tgt.xyz, T, cfg, tgt.normals(cfg.voxel_size))
-        result = self._verified_result(src, tgt, T, pairs, weights, timer, message=message)
-        result.num_candidates, result.weight_sum, result.used_fallback = int(n_cand), weight_sum, used_fallback
-        result.search = "prior" if support is not None else "global"  # the nn matchers search globally
-        result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
-        return result
+        score, verified = (0.0, 0), False
+        if self._extra_headings(src, support) and not message:  # several hypotheses: rank them
+            with timer.stage("verify"):
+                n_inl, _, fitness, _ = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.kdtree())
+            score, verified = (fitness, n_inl), fitness >= cfg.min_fitness and n_inl >= cfg.min_inliers
+        return _Hypothesis(T, pairs, weights, int(n_cand), used_fallback, message, heading, score, verified)
 
     def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,
                correspondences: np.ndarray | None = None) -> RegistrationResult:
@@ -483,30 +543,13 @@ def s2h_correspondences(feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: Registr
     Weak features (e.g. FPFH) leave P flat and the calibrated rule matches almost nothing; the
     small constant keeps enough pairs for RANSAC.
     """
-    from s2h_ros.matching import s2h_match, sparse_outlier_profits, sparse_partial_permutation
+    from s2h_ros.matching import match_options, s2h_match
 
-    temperature, slack_score = cfg.s_step(feature_kind)
-    m = s2h_match(
-        feat_x,
-        feat_y,
-        k=cfg.k,
-        iters=cfg.sinkhorn_iters,
-        temperature=temperature,
-        slack_score=slack_score,
-        outlier_profit=cfg.outlier_profit,
-        scale=None if cfg.outlier_scale < 0 else cfg.outlier_scale,
-        support=support,
-    )
+    m = s2h_match(feat_x, feat_y, **match_options(cfg, feature_kind), support=support)
     if len(m.src_idx) >= cfg.min_matches:
         return m.src_idx, m.tgt_idx, m.p_values, m
-    n_x, n_y = len(feat_x), len(feat_y)
-    p = m.p.detach()
-    sx, sy = sparse_outlier_profits(m.rows, m.cols, p, n_x, n_y, "constant", None)
-    src, tgt = sparse_partial_permutation(m.rows, m.cols, p, n_x, n_y, sx, sy)
-    src = torch.as_tensor(src, dtype=torch.long, device=feat_x.device)
-    tgt = torch.as_tensor(tgt, dtype=torch.long, device=feat_x.device)
-    pos = torch.searchsorted(m.rows * n_y + m.cols, src * n_y + tgt)  # edges are sorted and unique
-    return src, tgt, m.p[pos], m
+    again = m.rematch("constant")
+    return again.src_idx, again.tgt_idx, again.p_values, m
 
 
 def match_features(
@@ -609,7 +652,7 @@ def verify(
         mask = np.linalg.norm(moved[pairs[:, 0]] - tgt[pairs[:, 1]], axis=1) < dist
     else:
         mask = np.zeros(0, bool)
-    nn_dist, _ = (tgt_tree if tgt_tree is not None else cKDTree(tgt)).query(moved, distance_upper_bound=dist)
+    nn_dist, _ = (tgt_tree if tgt_tree is not None else cKDTree(tgt)).query(moved, distance_upper_bound=dist, workers=-1)
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
 
 
@@ -619,7 +662,7 @@ def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray,
     ``inlier_distance`` gives its moved position ``p`` (target local frame), that target voxel's
     unit normal ``n`` and the residual ``r = n . (p - q)``: ``(m, 3)``, ``(m, 3)``, ``(m,)``."""
     moved = geometry.apply_transform(T, src.astype(np.float64))
-    dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance)
+    dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     ok = np.isfinite(dist)
     p, n = moved[ok], target.normals(cfg.voxel_size)[idx[ok]]
     return p, n, np.einsum("ij,ij->i", n, p - target.xyz[idx[ok]])

@@ -98,11 +98,13 @@ def test_random_bytes_as_bin_are_refused_not_hashed(tmp_path, kitti_bin):
     (tmp_path / "odd.bin").write_bytes(rng.bytes(16001))  # no whole rows: the reader refuses it
     with pytest.raises(PointCloudFileError, match="16001 bytes is not a whole number of N x 4 float32 rows"):
         read_points(tmp_path / "odd.bin")
-    (tmp_path / "rand.bin").write_bytes(rng.bytes(16000))  # 1000 whole rows of random floats
-    points = read_points(tmp_path / "rand.bin")
+    (tmp_path / "rand.bin").write_bytes(rng.bytes(48000))  # 3000 whole N x 4 rows (4000 N x 3) of random floats
+    with pytest.raises(PointCloudFileError, match="50 % of the 4th column .* is negative: not a KITTI .bin"):
+        read_points(tmp_path / "rand.bin")  # half the "reflectances" are negative
+    assert_one_error_line(s2h_register(tmp_path / "rand.bin", kitti_bin), 2, "rand.bin:", "reflectance")
+    points = read_points(tmp_path / "rand.bin", columns=3)  # forced: random floats as x, y, z
     with pytest.raises(RegistrationError, match=r"source: \d+ of \d+ finite points lie more than 10000 m .*not metric"):
         register(points, points)
-    assert_one_error_line(s2h_register(tmp_path / "rand.bin", kitti_bin), 2, "source:", "not metric coordinates")
 
 
 def test_truncated_n_by_4_bin_whose_size_divides_by_24_is_refused(tmp_path, kitti_bin):

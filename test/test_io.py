@@ -2,6 +2,8 @@
 (the bad-input catalogue, through the library and the CLI, is test_bad_input.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -207,3 +209,16 @@ def test_hand_written_ascii_ply_with_uchar_colours_is_read(tmp_path):
     fields = read_point_fields(tmp_path / "c.ply")
     np.testing.assert_array_equal(fields.points, [[0, 0, 1], [1, 2, 3]])
     np.testing.assert_allclose(fields.colors, [[1, 0, 0], [0, 0.2, 1]], atol=1e-6)
+
+
+def test_three_column_bin_reads_raw_xyz_only_when_asked(tmp_path):
+    """Raw x, y, z .bin files (the RAW KITTI and Newer College samples) read with columns=3; by
+    size alone they would be taken for N x 4 rows, so the reader never guesses 3."""
+    raw = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00" / "000000.bin"
+    points = read_points(raw, columns=3)
+    assert points.shape == (124_668, 3)
+    ranges = np.linalg.norm(points, axis=1)
+    assert 1.0 < np.median(ranges) < 40.0 and ranges.max() < 130.0  # an HDL-64E scan, metres
+    # 1,496,016 bytes also divide into 16-byte rows: the 4th column then holds coordinates
+    with pytest.raises(PointCloudFileError, match="negative: not a KITTI .bin file.*columns=3"):
+        read_points(raw)

@@ -28,15 +28,23 @@ def registrar():
     return Registrar(RegistrationConfig())  # shipped FCGF + S2H, as the node runs
 
 
+@pytest.fixture(scope="module")
+def as_given():
+    """One heading hypothesis (the source as given): how the soak's wrong relocalisation arose."""
+    from s2h_ros.pipeline import Registrar
+
+    return Registrar(RegistrationConfig(heading_hypotheses=1))
+
+
 def _truth(seq, a: int, b: int) -> np.ndarray:
     """Maps scan b's points into scan a's frame."""
     return geometry.invert_transform(seq.poses[a]) @ seq.poses[b]
 
 
-def test_a_global_result_found_once_is_not_trusted(soak_drive, registrar):
+def test_a_global_result_found_once_is_not_trusted(soak_drive, as_given):
     """No motion prior yet (the keyframe is the first scan): the global search alone decides, and
     its chance consensus is not found again by RANSAC with another seed on the same matches."""
-    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=as_given)
     assert odo.step(soak_drive[44].points, 4.4).success
     step = odo.step(soak_drive[61].points, 6.1)
     assert not step.success and step.pose is None
@@ -47,25 +55,28 @@ def test_a_global_result_found_once_is_not_trusted(soak_drive, registrar):
     assert "reproduce" in step.result.timings
 
 
-def test_a_right_global_result_is_reproduced_and_trusted(soak_drive, registrar):
+@pytest.mark.parametrize("keyframe,scan", [(31, 44), (44, 61)])
+def test_a_right_global_result_is_reproduced_and_trusted(soak_drive, registrar, keyframe, scan):
     """The same situation one keyframe earlier (scan 44 against scan 31, 1.3 s, about 12 m): any
-    seed finds it, so it is trusted."""
+    seed finds it, so it is trusted. Scans 44 and 61 are 85 deg apart (the drive's turn): with the
+    default heading hypotheses the turned source matches and the soak's pair is right too."""
     odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
-    assert odo.step(soak_drive[31].points, 3.1).success
-    step = odo.step(soak_drive[44].points, 4.4)
+    assert odo.step(soak_drive[keyframe].points, keyframe / 10).success
+    step = odo.step(soak_drive[scan].points, scan / 10)
     assert step.success, step.message
-    re, te = geometry.transform_errors(step.T_keyframe_scan, _truth(soak_drive, 31, 44))
+    re, te = geometry.transform_errors(step.T_keyframe_scan, _truth(soak_drive, keyframe, scan))
     assert te < 0.1 and re < 0.5, (te, re)
     assert "reproduce" in step.result.timings  # it was checked, not taken on trust
+    assert (step.result.heading_deg != 0.0) == (scan == 61)
 
 
-def test_a_relocalisation_after_lost_tracking_must_be_reproduced_too(soak_drive, registrar):
+def test_a_relocalisation_after_lost_tracking_must_be_reproduced_too(soak_drive, as_given):
     """Tracking lost (max_failures 1) against a current keyframe the scan does not overlap (drive
     scan 0, 57 m back), with the scan-44 keyframe kept: relocalising against it finds the same
     chance consensus, which is refused, and a new segment starts instead of a trusted wrong pose."""
-    odo = KeyframeOdometry(odometry=OdometryConfig(max_failures=1), registrar=registrar)
+    odo = KeyframeOdometry(odometry=OdometryConfig(max_failures=1), registrar=as_given)
     assert odo.step(soak_drive[44].points, 4.4).success
-    far = registrar.prepare(soak_drive[0].points)
+    far = as_given.prepare(soak_drive[0].points)
     odo._add_keyframe(far, _truth(soak_drive, 44, 0), 4.4, np.zeros((6, 6)))  # kept 44, current 0
     lost = odo.step(soak_drive[61].points, 6.1)
     assert not lost.success and lost.event == "new_segment", (lost.event, lost.message)

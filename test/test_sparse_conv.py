@@ -31,6 +31,18 @@ def _occupied_grid(rng, n=300, channels=4):
     return x, dense
 
 
+@pytest.fixture(params=["neighbour_table", "per_offset"])
+def conv_path(request, monkeypatch):
+    """Run a test through each evaluation of sparse_conv: the table (what GPUs use) or the loop."""
+    from s2h_ros.sparse import conv
+
+    if request.param == "neighbour_table":
+        monkeypatch.setattr(conv, "_use_table", lambda feats, kmap: True)
+    else:
+        monkeypatch.setattr(conv, "_use_table", lambda feats, kmap: False)
+    return request.param
+
+
 def _dense_weight(conv: Conv) -> torch.Tensor:
     """[K, C_in, C_out] x-fastest -> conv3d (C_out, C_in, kx, ky, kz)."""
     k = conv.kernel_size
@@ -40,7 +52,7 @@ def _dense_weight(conv: Conv) -> torch.Tensor:
 
 @pytest.mark.parametrize("kernel_size", [3, 5])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_conv_matches_dense_conv3d(rng, kernel_size, stride):
+def test_conv_matches_dense_conv3d(rng, kernel_size, stride, conv_path):
     x, dense = _occupied_grid(rng)
     conv = Conv(4, 5, kernel_size, stride, dim=3).double()
     y = conv(x)
@@ -54,7 +66,7 @@ def test_conv_matches_dense_conv3d(rng, kernel_size, stride):
 
 
 @pytest.mark.parametrize("kernel_size", [3, 5])
-def test_transposed_conv_matches_dense_conv_transpose3d(rng, kernel_size):
+def test_transposed_conv_matches_dense_conv_transpose3d(rng, kernel_size, conv_path):
     x, _ = _occupied_grid(rng)
     low = Conv(4, 4, 3, 2).double()(x)  # stride-2 tensor on the same coordinate manager
     up = ConvTranspose(4, 3, kernel_size, 2).double()
@@ -86,7 +98,7 @@ def test_conv_on_stride_two_tensor_uses_dilated_offsets(rng):
     assert torch.allclose(y.feats, ref[0, :, c[:, 0], c[:, 1], c[:, 2]].T, atol=1e-10)
 
 
-def test_gradients_match_finite_differences(rng):
+def test_gradients_match_finite_differences(rng, conv_path):
     """dL/dfeatures and dL/dkernel of a stride-2 conv followed by its transposed conv."""
     x, _ = _occupied_grid(rng, n=40, channels=2)
     feats = x.feats.clone().requires_grad_(True)
@@ -100,7 +112,7 @@ def test_gradients_match_finite_differences(rng):
     assert torch.autograd.gradcheck(f, (feats, kernel, kernel_up), eps=1e-6, atol=1e-6, fast_mode=True)
 
 
-def test_forward_and_backward_are_deterministic_on_cpu(rng):
+def test_forward_and_backward_are_deterministic_on_cpu(rng, conv_path):
     pts = torch.from_numpy(rng.uniform(0, 5, (2000, 3))).float()
     grads, outs = [], []
     for _ in range(2):
@@ -174,3 +186,32 @@ def test_sparse_quantize_keeps_first_point_per_voxel():
     assert coords.tolist() == [[-1, 0, 0], [0, 0, 0], [1, 1, 1]]
     assert first.tolist() == [3, 0, 1]
     assert inverse.tolist() == [1, 2, 1, 0]
+
+
+def test_both_evaluations_give_the_same_fcgf_features_on_a_real_scan(monkeypatch):
+    """The shipped FCGF on the bundled real KITTI scan: neighbour table == per-offset loop."""
+    from s2h_ros import paths
+    from s2h_ros.datasets.io import read_points
+    from s2h_ros.models.checkpoint import load_registration_models
+    from s2h_ros.models.fcgf import extract_features
+    from s2h_ros.sparse import conv
+
+    scan = paths.KITTI_LOOP_PAIR[0]
+    fcgf = load_registration_models(None).fcgf
+    monkeypatch.setattr(conv, "_use_table", lambda feats, kmap: True)
+    _, table = extract_features(fcgf, read_points(scan), 0.3)
+    monkeypatch.setattr(conv, "_use_table", lambda feats, kmap: False)
+    _, loop = extract_features(fcgf, read_points(scan), 0.3)
+    assert table.shape == loop.shape and table.shape[0] > 5000
+    assert torch.allclose(table, loop, atol=1e-5), float((table - loop).abs().max())
+
+
+def test_the_table_is_for_gpus_and_within_its_budget():
+    from s2h_ros.sparse import conv
+
+    x = SparseTensor.from_points(torch.rand(500, 3) * 4, 0.2)
+    kmap = x.manager.kernel_map(1, 1, 3)
+    assert not conv._use_table(x.feats, kmap)  # CPU: the loop was faster
+    meta = x.feats.to("meta")
+    assert conv._use_table(meta, kmap)
+    assert not conv._use_table(meta.expand(-1, conv.TABLE_BUDGET // (kmap.n_out * 27) + 1), kmap)

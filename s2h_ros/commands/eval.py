@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from s2h_ros.commands.simulate import FAMILY_NAMES, SENSOR_NAMES
+
 DATASETS = ("synthetic", "kitti", "kitti-pairs", "3dmatch", "kitti-loop", "3dmatch-demo", "bag")
 SEQUENCE_DATASETS = ("kitti", "bag")
 INDOOR_DATASETS = ("3dmatch", "3dmatch-demo")
@@ -47,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-pairs", type=int, default=200, help="synthetic pairs")
     parser.add_argument("--seed", type=int, default=0, help="synthetic world seed")
     parser.add_argument("--kind", choices=("outdoor", "indoor"), default="outdoor", help="synthetic world")
+    parser.add_argument("--sensor", default="hdl64", choices=SENSOR_NAMES, help="synthetic sensor preset")
+    parser.add_argument("--family", default=None, choices=FAMILY_NAMES,
+                        help="synthetic scene family (default: --kind's town or rooms)")
+    parser.add_argument("--turn", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
+                        help="pairs: turn every source about z by a random heading of MIN-MAX deg either way "
+                             "(seeded by --seed; T_gt follows): relative headings beyond the data's own")
     parser.add_argument("--min-distance", type=float, default=10.0, help="synthetic pairs: metres apart (min)")
     parser.add_argument("--max-distance", type=float, default=20.0,
                         help="synthetic pairs: metres apart (max, --pair-source sampler)")
@@ -147,16 +155,19 @@ def load_pairs(args: argparse.Namespace) -> Any:
         from s2h_ros.datasets.synthetic.sequence import simulate_sequence, synthetic_pairs
 
         n = args.n_pairs if args.limit is None else min(args.n_pairs, args.limit)
+        world = {"kind": args.kind, "sensor": args.sensor, "family": args.family}
         if args.pair_source == "sampler":
-            return synthetic_pairs(n, args.seed, min_distance=args.min_distance, max_distance=args.max_distance,
-                                   kind=args.kind)
-        drive = simulate_sequence(length_m=n * args.pair_spacing + 3 * args.min_distance + 50.0, seed=args.seed,
-                                  kind=args.kind)
-        return DrivePairs(drive, n, args.min_distance, args.pair_spacing)
+            pairs = synthetic_pairs(n, args.seed, min_distance=args.min_distance, max_distance=args.max_distance,
+                                    **world)
+        else:
+            drive = simulate_sequence(length_m=n * args.pair_spacing + 3 * args.min_distance + 50.0,
+                                      seed=args.seed, **world)
+            pairs = DrivePairs(drive, n, args.min_distance, args.pair_spacing)
+        return _turned(pairs, args)
     if args.dataset == "kitti-loop":
         from s2h_ros.datasets.kitti import kitti_loop_pair
 
-        return [kitti_loop_pair()]
+        return _turned([kitti_loop_pair()], args)
     if args.dataset == "3dmatch-demo":
         from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
 
@@ -173,7 +184,33 @@ def load_pairs(args: argparse.Namespace) -> Any:
         pairs = threedmatch_pairs(_need_root(args, "3DMatch fragments root"), args.gt_root, args.benchmark)
     else:
         raise SystemExit(f"s2h eval: --dataset {args.dataset} is a sequence dataset; use --task sequence")
-    return list(islice(pairs, args.limit)) if args.limit is not None else list(pairs)
+    return _turned(list(islice(pairs, args.limit)) if args.limit is not None else list(pairs), args)
+
+
+class _TurnedPairs:
+    """Pairs with each source turned about z by a heading drawn from ``--turn`` (lazily)."""
+
+    def __init__(self, pairs: Any, low: float, high: float, seed: int):
+        self.pairs, self.low, self.high, self.seed = pairs, low, high, seed
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __iter__(self):
+        from s2h_ros.datasets.types import turned_pair
+
+        rng = np.random.default_rng([self.seed, 7])
+        for pair in self.pairs:
+            yield turned_pair(pair, float(rng.choice([-1.0, 1.0]) * rng.uniform(self.low, self.high)))
+
+
+def _turned(pairs: Any, args: argparse.Namespace) -> Any:
+    if args.turn is None:
+        return pairs
+    low, high = args.turn
+    if not 0.0 <= low <= high <= 180.0:
+        raise SystemExit(f"s2h eval: --turn needs 0 <= MIN <= MAX <= 180 degrees, got {low:g} {high:g}")
+    return _TurnedPairs(pairs, low, high, args.seed)
 
 
 def load_sequence(args: argparse.Namespace) -> Any:

@@ -47,6 +47,7 @@ BAG_EXTENSIONS = (".mcap", ".db3")
 NORMAL_NORM_LIMIT = 1.001  # |normal| bound used to recognise an N x 6 .bin file
 NORMAL_ROW_FRACTION = 0.99  # share of rows within that bound
 NORMAL_MEDIAN_MIN = 0.9  # and their median norm (bundled sample: 0.9999; 5 % of rows below 0.72)
+NEGATIVE_INTENSITY_LIMIT = 0.01  # share of negative 4th-column values an N x 4 .bin file may have (x, y, z rows: ~half)
 
 
 class PointCloudFileError(ValueError):
@@ -147,11 +148,17 @@ def bin_columns(path: str | Path) -> int:
     if size % 24 == 0 and _reads_as_normals(path):
         return 6
     if size % 16 == 0:
-        return 4
+        negative = float(np.mean(np.fromfile(path, dtype=np.float32).reshape(-1, 4)[:, 3] < 0))
+        if negative <= NEGATIVE_INTENSITY_LIMIT:
+            return 4
+        raise PointCloudFileError(
+            f"{path}: as N x 4 float32 rows, {100 * negative:.0f} % of the 4th column (reflectance) is "
+            f"negative: not a KITTI .bin file; raw x, y, z rows need columns=3 (--columns 3)"
+        )
     why = " and, as N x 6 rows, its columns 4-6 are not normals" if size % 24 == 0 else ""
     raise PointCloudFileError(
         f"{path}: {size} bytes is not a whole number of N x 4 float32 rows (16 bytes: x, y, z, "
-        f"reflectance){why}: truncated or not a KITTI .bin file (columns=6 reads x, y, z, normal rows)"
+        f"reflectance){why}: truncated or not a KITTI .bin file (columns=6 reads x, y, z, normal rows; columns=3 raw x, y, z rows)"
     )
 
 
@@ -167,14 +174,16 @@ def _reads_as_normals(path: Path) -> bool:
 def _read_bin(path: Path, columns: int | None) -> PointFields:
     if columns is None:
         columns = bin_columns(path)
-    if columns not in (4, 6):
-        raise PointCloudFileError(f"{path}: a .bin file has 4 or 6 float32 columns, not {columns}")
+    if columns not in (3, 4, 6):  # 3 (x, y, z) only when asked for: sizes cannot tell it from 4 or 6
+        raise PointCloudFileError(f"{path}: a .bin file has 3, 4 or 6 float32 columns, not {columns}")
     data = np.fromfile(path, dtype=np.float32)
     if data.size % columns:
         raise PointCloudFileError(
             f"{path}: {data.size} float32 values do not fill rows of {columns}: truncated file?"
         )
     rows = data.reshape(-1, columns)
+    if columns == 3:
+        return PointFields(rows.copy())
     if columns == 4:
         return PointFields(rows[:, :3].copy(), intensity=rows[:, 3].copy())
     return PointFields(rows[:, :3].copy(), normals=rows[:, 3:6].copy())

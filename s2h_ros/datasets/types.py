@@ -22,6 +22,17 @@ class PointCloudPair:
     meta: dict = field(default_factory=dict)  # e.g. dataset, sequence, frame ids, overlap
 
 
+def turned_pair(pair: PointCloudPair, heading_deg: float) -> PointCloudPair:
+    """``pair`` with its source turned by ``heading_deg`` about z (``T_gt`` follows): the same
+    scene seen at another relative heading (``meta["turn_deg"]`` records it)."""
+    from s2h_ros import geometry
+
+    turn = geometry.yaw_transform(heading_deg)
+    source = geometry.apply_transform(turn, np.asarray(pair.source, dtype=np.float64)).astype(pair.source.dtype)
+    return PointCloudPair(source, pair.target, pair.T_gt @ geometry.invert_transform(turn), pair.name,
+                          {**pair.meta, "turn_deg": heading_deg})
+
+
 @dataclass
 class Scan:
     """One sensor sweep with its timestamp and, when known, its ground-truth pose."""

@@ -111,7 +111,7 @@ def prior_support(predicted_x: np.ndarray, tree_y, feat_x: torch.Tensor, feat_y:
     _check_features("feat_y", feat_y)
     n_y = feat_y.shape[0]
     m = min(int(candidates), n_y)
-    _, near = tree_y.query(np.asarray(predicted_x, dtype=np.float64), k=m, distance_upper_bound=radius)
+    _, near = tree_y.query(np.asarray(predicted_x, dtype=np.float64), k=m, distance_upper_bound=radius, workers=-1)
     near = torch.as_tensor(np.asarray(near, dtype=np.int64).reshape(len(predicted_x), m), device=feat_x.device)
     valid = near < n_y
     cols = torch.where(valid, near, torch.zeros_like(near))

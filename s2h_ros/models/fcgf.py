@@ -48,13 +48,30 @@ def extract_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: floa
     else a tensor on ``device``), and ``feats`` (M, C) float32 torch tensor on ``device`` (default:
     the model's device), the unit-norm descriptors of those voxels, row i belonging to point i.
     """
+    pts, first, _, feats = _forward(model, xyz, voxel, device)
+    voxel_xyz = pts[first]
+    if isinstance(xyz, np.ndarray):
+        voxel_xyz = voxel_xyz.cpu().numpy()
+    return voxel_xyz, feats
+
+
+@torch.no_grad()
+def point_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: float = DEFAULT_VOXEL,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """``(N, C)`` float32 descriptors of every point of a ``(N, 3)`` cloud: the descriptor of the
+    voxel it falls in (row i belongs to ``xyz[i]``, whatever order the voxels have). Used for a
+    cloud whose voxels are already chosen, e.g. the same voxels turned to another heading."""
+    _, _, inverse, feats = _forward(model, xyz, voxel, device)
+    return feats[inverse]
+
+
+def _forward(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: float, device: torch.device | str | None):
+    """FCGF in eval mode on the voxels of ``xyz``: the points as a tensor on ``device`` (default:
+    the model's), each voxel's first point, each point's voxel, and the voxels' descriptors."""
     if device is None:
         device = next(model.parameters()).device
     model = model.to(device).eval()
     pts = as_points(xyz, 3, "xyz").to(device=device, dtype=torch.float32)
-    coords, first, _ = sparse_quantize(pts, voxel)  # sorted rows, as SparseTensor.from_points has them
+    coords, first, inverse = sparse_quantize(pts, voxel)  # sorted rows, as SparseTensor.from_points has them
     x = SparseTensor(torch.ones(len(coords), 1, device=device), torch.cat([coords.new_zeros(len(coords), 1), coords], 1))
-    voxel_xyz = pts[first]
-    if isinstance(xyz, np.ndarray):
-        voxel_xyz = voxel_xyz.cpu().numpy()
-    return voxel_xyz, model(x).feats
+    return pts, first, inverse, model(x).feats

@@ -11,7 +11,7 @@ in MinkowskiEngine.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -116,10 +116,34 @@ class KernelMap:
     n_in: int
     n_out: int
     identity: int | None = None  # offset k with in == out row for every row (centre of a stride-1 map)
+    device: torch.device | None = None  # where the index tensors live
+    _transposed: KernelMap | None = field(default=None, repr=False)
+    _table: tuple[torch.Tensor, list[int]] | None = field(default=None, repr=False)
 
     def transposed(self) -> KernelMap:
-        """The same pairs read backwards (transposed convolution)."""
-        return KernelMap(self.kernel_ids, self.out_idx, self.in_idx, self.n_out, self.n_in, self.identity)
+        """The same pairs read backwards (transposed convolution), built once."""
+        if self._transposed is None:
+            self._transposed = KernelMap(self.kernel_ids, self.out_idx, self.in_idx, self.n_out, self.n_in,
+                                         self.identity, self.device)
+        return self._transposed
+
+    def neighbour_table(self) -> tuple[torch.Tensor, list[int]]:
+        """``(N_out, K') int64`` input row of every output row per occupied offset (``n_in`` where
+        none) and the K' offsets' kernel ids, the centre included: each (output, offset) has at
+        most one input, so a convolution is one gather and one matmul (``sparse_conv``). Built once."""
+        if self._table is None:
+            ids = list(self.kernel_ids)
+            ins, outs = list(self.in_idx), list(self.out_idx)
+            if self.identity is not None:
+                rows = torch.arange(self.n_out, device=self.device)
+                ids, ins, outs = ids + [self.identity], ins + [rows], outs + [rows]
+            table = torch.full((self.n_out, len(ids)), self.n_in, dtype=torch.long, device=self.device)
+            if ids:
+                column = torch.repeat_interleave(torch.arange(len(ids), device=self.device),
+                                                 torch.tensor([len(i) for i in ins], device=self.device))
+                table[torch.cat(outs), column] = torch.cat(ins)
+            self._table = (table, ids)
+        return self._table
 
     def __len__(self) -> int:
         return sum(int(i.numel()) for i in self.in_idx) + (self.n_in if self.identity is not None else 0)
@@ -197,7 +221,7 @@ def build_kernel_map(
     if mirror:
         ids += [n_offsets - 1 - k for k in ids]
         ins, outs = ins + outs, outs + ins
-    return KernelMap(ids, ins, outs, n_in, out_coords.shape[0], identity)
+    return KernelMap(ids, ins, outs, n_in, out_coords.shape[0], identity, out_coords.device)
 
 
 class CoordinateManager:
