@@ -159,7 +159,10 @@ class _Hypothesis:
     used_fallback: bool
     message: str  # non-empty: no transform could be estimated
     heading: float  # deg, the source heading whose features found the pairs
-    score: tuple[float, int]  # (fitness, inlier correspondences) before refinement; ranks hypotheses
+    # (inlier correspondences, fitness) before refinement: ranks hypotheses by how many matches the
+    # transform explains (the right heading's features agree by the hundreds, a wrong one's by
+    # chance; fitness alone was measured to prefer a neighbouring heading on sparse 16-beam pairs)
+    score: tuple[int, float]
     verified: bool  # score passes min_fitness and min_inliers already before refinement
 
 
@@ -418,11 +421,11 @@ class Registrar:
                     T = geometry.shift_transform(init, -src.origin, -tgt.origin)
                 else:
                     message = "fewer than 3 correspondences"
-        score, verified = (0.0, 0), False
+        score, verified = (0, 0.0), False
         if self._extra_headings(src, support) and not message:  # several hypotheses: rank them
             with timer.stage("verify"):
                 n_inl, _, fitness, _ = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.kdtree())
-            score, verified = (fitness, n_inl), fitness >= cfg.min_fitness and n_inl >= cfg.min_inliers
+            score, verified = (n_inl, fitness), fitness >= cfg.min_fitness and n_inl >= cfg.min_inliers
         return _Hypothesis(T, pairs, weights, int(n_cand), used_fallback, message, heading, score, verified)
 
     def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,

@@ -66,7 +66,18 @@ def test_s2h_replay_plays_a_rosbag_through_the_node(curved_drive, tmp_path, isol
     write_pointcloud_bag(bag, list(curved_drive), topic="/velodyne_points", frame_id="velodyne",
                          storage="mcap", tf=curved_drive.poses)
     out = tmp_path / "out"
-    args = [str(VENV_BIN / "s2h"), "replay", str(bag), "--rate", "0", "--out", str(out)]
+    args = [str(VENV_BIN / "s2h"), "replay", str(bag), "--rate", "0", "--out", str(out), "--baseline", "kiss_icp"]
     run = subprocess.run(args, env=isolated_env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    _check_report(out, len(curved_drive))
+    report = _check_report(out, len(curved_drive))
+    # KISS-ICP offline on the same scans, beside the node in the report and the summary
+    kiss = report["baselines"]["kiss_icp"]
+    assert 0.0 <= kiss["ate_rmse_m"] < 15.0 and kiss["time_per_frame_ms"] > 0, kiss
+    assert "kiss_icp (same scans, offline): ATE RMSE" in run.stdout
+
+
+def test_s2h_replay_refuses_a_baseline_that_is_no_odometry(curved_drive, tmp_path):
+    args = [str(VENV_BIN / "s2h"), "replay", str(curved_drive.folder), "--out", str(tmp_path), "--baseline", "fpfh"]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--baseline fpfh: not an odometry method" in run.stderr, run.stderr
+    assert not (tmp_path / "registration_node.log").exists()  # refused before the node was started

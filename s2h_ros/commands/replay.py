@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registration_node parameter override, e.g. -p registration.device:=cuda")
     parser.add_argument("--out", type=Path, default=Path("results/replay"), help="metrics.json, trajectory.png, logs")
     parser.add_argument("--discovery-timeout", type=float, default=60.0)
+    parser.add_argument("--baseline", action="append", default=[], metavar="METHOD",
+                        help="also run this odometry offline on the same scans and report it beside the node "
+                             "(e.g. kiss_icp; repeatable)")
 
 
 def _load_sequence(args: argparse.Namespace):
@@ -150,6 +153,14 @@ def run(args: argparse.Namespace) -> int:
     from s2h_ros.ros.kitti_replay import run_replay
     from s2h_ros.ros.replay import SequenceReplayer
 
+    from s2h_ros.evaluation.methods import METHODS, split_variant
+
+    odometry_methods = [n for n, spec in METHODS.items() if "sequence" in spec.kinds]
+    for name in args.baseline:
+        if split_variant(name)[0] not in odometry_methods:
+            print(f"s2h replay: --baseline {name}: not an odometry method (choose from {', '.join(odometry_methods)})",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
     try:
         sequence = _load_sequence(args)
     except (OSError, ValueError) as exc:
@@ -169,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         node = SequenceReplayer(sequence, topic="points", frame_id=getattr(sequence[0], "frame_id", "velodyne"),
                                 discovery_timeout=args.discovery_timeout, end=end, start=args.start,
                                 rate=args.rate, output_dir=str(args.out))
-        code = run_replay(node, prog="s2h replay")
+        code = run_replay(node, prog="s2h replay", baselines=tuple(args.baseline))
     if node_proc.returncode not in (0, -signal.SIGINT):
         print(f"registration_node exited with {node_proc.returncode}; see {log_path}", file=sys.stderr)
     return code

@@ -62,6 +62,28 @@ class Sequence(Protocol):
         ...
 
 
+class SubSequence:
+    """The scans of ``sequence`` at ``indices``, in that order, loaded on demand."""
+
+    def __init__(self, sequence: Sequence, indices: list[int], name: str | None = None) -> None:
+        self.sequence, self.indices = sequence, [int(i) for i in indices]
+        self.name = name or getattr(sequence, "name", "scans")
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> Scan:
+        return self.sequence[self.indices[i]]
+
+    def __iter__(self) -> Iterator[Scan]:
+        return (self.sequence[i] for i in self.indices)
+
+    @property
+    def poses(self) -> np.ndarray | None:
+        poses = self.sequence.poses
+        return None if poses is None else np.asarray(poses)[self.indices]
+
+
 class ScanList:
     """A ``Sequence`` over scans already in memory (e.g. read from a rosbag2 file)."""
 

@@ -64,6 +64,13 @@ def replay_summary(report: dict) -> str:
         lines.append(f"  latency publish -> odometry p50 {number(lat['p50'], 'ms', 1, 0)}, p95 {number(lat['p95'], 'ms', 1, 0)}")
     if reg:
         lines.append(f"  registration p50 {number(reg['p50'], 'ms', 1, 0)}, p95 {number(reg['p95'], 'ms', 1, 0)}")
+    for name, b in report.get("baselines", {}).items():  # offline, same scans
+        if "error" in b:
+            lines.append(f"{name} (same scans, offline): not run: {b['error']}")
+            continue
+        drift = f"{number(b.get('t_err_pct'), '%')}" if b.get("segments") else "n/a"
+        lines.append(f"{name} (same scans, offline): ATE RMSE {number(b.get('ate_rmse_m'), 'm', 1, 3)}, "
+                     f"KITTI drift {drift}, {number(b.get('time_per_frame_ms'), 'ms', 1, 0)} per scan")
     if report.get("plot"):
         lines.append(f"  trajectory plot: {report['plot']}")
     return "\n".join(lines) + "\n"

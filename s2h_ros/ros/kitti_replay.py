@@ -25,7 +25,7 @@ from rclpy.signals import SignalHandlerOptions
 from s2h_ros.config import ConfigError
 from s2h_ros.interrupts import exit_status, on_stop_signals, signal_name
 from s2h_ros.outputs import check_writable
-from s2h_ros.ros.replay import SequenceReplayer, replay_report, write_replay_outputs
+from s2h_ros.ros.replay import SequenceReplayer, baseline_odometry, replay_report, write_replay_outputs
 
 EXIT_OK, EXIT_NO_NODE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     return run_replay(node)
 
 
-def run_replay(node: SequenceReplayer, prog: str = "kitti_replay") -> int:
-    """Spin ``node`` in the background, replay, evaluate, print a summary, write the outputs;
-    the exit status (see the module text). Shuts rclpy down."""
+def run_replay(node: SequenceReplayer, prog: str = "kitti_replay", baselines: tuple[str, ...] = ()) -> int:
+    """Spin ``node`` in the background, replay, evaluate (``baselines``: other odometry methods,
+    e.g. ``kiss_icp``, run offline on the same scans), print a summary, write the outputs; the
+    exit status (see the module text). Shuts rclpy down."""
     executor = MultiThreadedExecutor(num_threads=2)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
@@ -65,7 +66,7 @@ def run_replay(node: SequenceReplayer, prog: str = "kitti_replay") -> int:
         with on_stop_signals(stop):
             if not _replay(node) and not stopped_by:
                 return EXIT_NO_NODE
-            status = _report(node, prog, signal_name(stopped_by[0]) if stopped_by else None)
+            status = _report(node, prog, signal_name(stopped_by[0]) if stopped_by else None, baselines)
         return exit_status(stopped_by[0]) if stopped_by else status
     finally:
         executor.shutdown()
@@ -87,16 +88,20 @@ def _replay(node: SequenceReplayer) -> bool:
     return True
 
 
-def _report(node: SequenceReplayer, prog: str, interrupted: str | None) -> int:
+def _report(node: SequenceReplayer, prog: str, interrupted: str | None, baselines: tuple[str, ...] = ()) -> int:
     """Metrics of what was answered: written to ``output_dir`` and summarised on stdout (also when
     the files cannot be written: then one stderr line names the file and the status is 2)."""
     from s2h_ros.evaluation.report import replay_summary
 
     out_dir = node.settings["output_dir"]
     report, est, gt = replay_report(node.sequence, node.record, node.sensor_to_base, interrupted=interrupted)
+    others = {}
+    if baselines and len(node.record.indices) >= 2 and gt is not None:
+        report["baselines"], others = baseline_odometry(node.sequence, node.record, list(baselines))
     error = None
     try:
-        write_replay_outputs(out_dir, report, est, gt, f"{getattr(node.sequence, 'name', 'sequence')}: top view")
+        write_replay_outputs(out_dir, report, est, gt, f"{getattr(node.sequence, 'name', 'sequence')}: top view",
+                             others)
     except OSError as exc:
         error = f"{prog}: cannot write {exc.filename or out_dir}: {exc.strerror or exc}"
     print(replay_summary(report), end="", flush=True)

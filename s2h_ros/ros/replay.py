@@ -272,17 +272,40 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
     return report, est, gt
 
 
+def baseline_odometry(sequence: Sequence, record: ReplayRecord,
+                      names: list[str]) -> tuple[dict[str, dict], dict[str, np.ndarray]]:
+    """Offline odometry of other methods (e.g. ``kiss_icp``) on exactly the scans the replay
+    published, scored like the node: ``({name: metrics and time per scan}, {name: (N, 4, 4)})``.
+    A method that cannot run here (not installed) is reported with its error, not skipped silently."""
+    from s2h_ros.datasets.types import SubSequence
+    from s2h_ros.evaluation.harness import evaluate_sequence
+    from s2h_ros.evaluation.methods import MethodUnavailable, make_method
+
+    scans = SubSequence(sequence, list(record.indices))
+    summaries: dict[str, dict] = {}
+    poses: dict[str, np.ndarray] = {}
+    for name in names:
+        try:
+            method = make_method(name, scale="outdoor")
+        except (MethodUnavailable, ValueError) as exc:
+            summaries[name] = {"error": str(exc)}
+            continue
+        result = evaluate_sequence({name: method}, scans, progress=False)
+        summaries[name], poses[name] = result.summary[name], result.poses[name]
+    return summaries, poses
+
+
 def write_replay_outputs(out_dir: Path, report: dict, est: np.ndarray, gt: np.ndarray | None,
-                         title: str = "") -> None:
-    """``trajectory.png`` (with ground truth), ``poses_estimated.txt`` (KITTI rows) and
-    ``metrics.json`` in ``out_dir``, each atomically, the metrics last (they name the plot, which
-    ``report["plot"]`` then holds). An OSError names the file that could not be written."""
+                         title: str = "", others: dict[str, np.ndarray] | None = None) -> None:
+    """``trajectory.png`` (with ground truth and ``others``' trajectories), ``poses_estimated.txt``
+    (KITTI rows) and ``metrics.json`` in ``out_dir``, each atomically, the metrics last (they name
+    the plot, which ``report["plot"]`` then holds). An OSError names the file that could not be written."""
     from s2h_ros.evaluation.plots import trajectories_top_view
 
     out_dir = Path(out_dir)
     if gt is not None:
-        report["plot"] = str(trajectories_top_view(gt, {report["method"]: est}, out_dir / "trajectory.png",
-                                                   title=title))
+        report["plot"] = str(trajectories_top_view(gt, {report["method"]: est, **(others or {})},
+                                                   out_dir / "trajectory.png", title=title))
     rows = io.StringIO()
     np.savetxt(rows, est[:, :3, :].reshape(len(est), 12))
     write_text(out_dir / "poses_estimated.txt", rows.getvalue())
