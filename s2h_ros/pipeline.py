@@ -38,7 +38,7 @@ import torch
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
-from s2h_ros.degeneracy import Degeneracy, weakest_direction
+from s2h_ros.degeneracy import Degeneracy, surface_planarity, weakest_direction
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
@@ -69,6 +69,7 @@ class PreparedCloud:
     num_out_of_range: int = 0  # input points dropped beyond range_limit() of the median
 
     _normals: np.ndarray | None = field(default=None, repr=False)
+    _planarity: np.ndarray | None = field(default=None, repr=False)
     _tree: object = field(default=None, repr=False)
 
     def input_frame_xyz(self) -> np.ndarray:
@@ -80,6 +81,13 @@ class PreparedCloud:
         if self._normals is None:
             self._normals = estimate_normals(self.xyz, voxel_size)
         return self._normals
+
+    def planarity(self, voxel_size: float) -> np.ndarray:
+        """``(M,)`` planarity of each voxel's normal neighbourhood
+        (:func:`s2h_ros.degeneracy.surface_planarity`), computed once."""
+        if self._planarity is None:
+            self._planarity = surface_planarity(self.xyz, NORMAL_RADIUS_VOXELS * voxel_size)
+        return self._planarity
 
     def kdtree(self):
         """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""
@@ -459,7 +467,7 @@ class Registrar:
             Ad = geometry.adjoint(geometry.shift_transform(np.eye(4), np.zeros(3), tgt.origin))
             rows = point_to_plane_rows(src.xyz, tgt, T, cfg)
             covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
-            degeneracy = weakest_direction(rows[0], rows[1])  # directions: the same in the input frame
+            degeneracy = alignment_degeneracy(tgt, cfg, rows)  # directions: the same in the input frame
         inlier_ratio = n_inl / max(len(pairs), 1)
         enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
         success = not message and enough_inliers and fitness >= cfg.min_fitness
@@ -669,6 +677,18 @@ def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray,
     ok = np.isfinite(dist)
     p, n = moved[ok], target.normals(cfg.voxel_size)[idx[ok]]
     return p, n, np.einsum("ij,ij->i", n, p - target.xyz[idx[ok]])
+
+
+def alignment_degeneracy(target: PreparedCloud, cfg: RegistrationConfig,
+                         rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Degeneracy:
+    """The weakest direction (:func:`s2h_ros.degeneracy.weakest_direction`) of the point-to-plane
+    ``rows`` (:func:`point_to_plane_rows`) against ``target``, each row weighted by the planarity
+    of its target voxel's neighbourhood (only surfaces count: s2h_ros.degeneracy)."""
+    p, n, _ = rows
+    if len(p) == 0:
+        return weakest_direction(p, n)
+    _, idx = target.kdtree().query(p, workers=-1)  # the nearest target voxel: the row's normal
+    return weakest_direction(p, n, target.planarity(cfg.voxel_size)[idx])
 
 
 def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig,

@@ -11,7 +11,7 @@ from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.synthetic.sensor import LidarModel
 from s2h_ros.degeneracy import weakest_direction
-from s2h_ros.pipeline import PreparedCloud, Registrar, point_to_plane_rows
+from s2h_ros.pipeline import PreparedCloud, Registrar, alignment_degeneracy, point_to_plane_rows
 
 GROUND_Z = -1.73  # the sensor's height above the ground, as on KITTI's car
 MIN_CONSTRAINT = RegistrationConfig().min_constraint
@@ -99,8 +99,8 @@ def _constraint_at(source: np.ndarray, target: np.ndarray, T: np.ndarray, cfg: R
         v = xyz[geometry.voxel_downsample(xyz, cfg.voxel_size)]
         return PreparedCloud(v, None, len(v), "none")
 
-    p, n, _ = point_to_plane_rows(voxels(source).xyz, voxels(target), T, cfg)
-    return weakest_direction(p, n)
+    tgt = voxels(target)
+    return alignment_degeneracy(tgt, cfg, point_to_plane_rows(voxels(source).xyz, tgt, T, cfg))
 
 
 # ---------------------------------------------------------------- the measure itself
@@ -203,3 +203,29 @@ def test_the_result_message_carries_the_weakest_direction(registrar):
     assert 0.0 < msg.weakest_constraint < RegistrationConfig().min_constraint
     np.testing.assert_allclose(msg.weakest_direction, result.degeneracy.direction, atol=1e-6)
     assert abs(np.linalg.norm(msg.weakest_direction) - 1.0) < 1e-5
+
+
+def test_sensor_fixed_scan_lines_do_not_count_as_constraints(registrar):
+    """The trust bench's wrong-but-trusted case (``s2h bench trust --families tunnel``, VLP-16, the
+    held-out tunnel of seed 41, drive of 40 scans): scan 12 against scan 6 (5.8 m apart) registers
+    at about zero motion, where every ring of the scan lies on its twin in the keyframe. Counting
+    every row alike, the line-shaped neighbourhoods of the rings crossing the tunnel gave arbitrary
+    normals along it, 0.0079 > the gate, and the 5.8 m error was trusted. Weighted by planarity
+    (only surfaces count) the same result is degenerate."""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    seq = simulate_sequence(n_frames=40, seed=41, sensor="vlp16", family="tunnel")
+    result = registrar.register(seq[12].points, seq[6].points)
+    truth = geometry.invert_transform(seq.poses[6]) @ seq.poses[12]
+    te = geometry.transform_errors(result.transform, truth)[1]
+    assert te > 3.0 and np.linalg.norm(result.transform[:3, 3]) < 1.0, te  # the zero-motion alias
+    assert result.fitness > 0.9  # fitness cannot tell
+    assert not result.success
+    assert result.message.startswith("degenerate: the geometry hardly constrains translation along (1.00"), \
+        result.message
+    assert result.degeneracy.eigenvalue < MIN_CONSTRAINT / 2, result.degeneracy.eigenvalue
+    # Every row alike (the measure before): above the gate, so this wrong result was trusted.
+    src, tgt = registrar.prepare(seq[12].points), registrar.prepare(seq[6].points)
+    T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+    p, n, _ = point_to_plane_rows(src.xyz, tgt, T, registrar.config)
+    assert weakest_direction(p, n).eigenvalue > MIN_CONSTRAINT

@@ -1,103 +1,203 @@
 """``s2h bench trust``: does the odometry ever mark a wrong pose as trusted, and how often does it
-reject a right one? One held-out synthetic drive per sensor preset, run through
-``KeyframeOdometry`` with the defaults (what registration_node runs), in one run.
+reject a right one? Held-out synthetic drives run through ``KeyframeOdometry`` with the defaults
+(what registration_node runs), in one run.
 
-A trusted step is **wrong** when its motion since the previous trusted scan of the same segment
-differs from the ground truth by more than ``--max-te`` metres or ``--max-re`` degrees. An
-untrusted scan whose registration result was nevertheless within those bounds of the truth
-(against its keyframe) is a **needless rejection**. ``min_constraint`` is the smallest weakest-direction
-constraint (s2h_ros.degeneracy) of a trusted registration: its margin over the degeneracy gate
-(RegistrationConfig.min_constraint). The world seeds default to 0-999, which no
-model is trained on.
+Without ``--families``: one drive per sensor preset, in the town (lidars) or the rooms (the depth
+camera) at a fixed speed (10 m/s, 1 m/s). With ``--families``: one drive per (sensor, family)
+cell, lidars in the outdoor families and the depth camera in the indoor ones (``rooms``,
+``office``, ``warehouse``), each at its family's own speeds (a highway at 20-33 m/s, a parking lot
+at 1.5-5 m/s). Every drive is a world of its own seed, ``--seed`` plus the drive's index; the
+seeds must stay within 0-999, the held-out worlds no model is trained on
+(``s2h_ros.training.data.RESERVED_EVAL_SEEDS``).
+
+A trusted step is **wrong** when its motion since the previous trusted scan of the same segment,
+or its registration against its keyframe, differs from the ground truth by more than
+``--max-te`` metres or ``--max-re`` degrees. An untrusted scan whose registration result was
+nevertheless within those bounds of the truth (against its keyframe) is a **needless rejection**;
+rejections that the degeneracy gate made (message ``degenerate: ...``) are counted apart, with how
+many of them were right anyway (by luck along the free direction: the geometry cannot tell).
+``min_constraint`` is the smallest weakest-direction constraint (s2h_ros.degeneracy) of a trusted
+registration: its margin over the degeneracy gate (RegistrationConfig.min_constraint).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-import numpy as np
 
 PRESETS = ("vlp16", "vlp32", "hdl64", "os128", "depth_camera")
+INDOOR_SENSORS = ("depth_camera",)
+HELD_OUT_SEEDS = range(0, 1000)  # as s2h_ros.training.data.RESERVED_EVAL_SEEDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sensors", default=",".join(PRESETS), help="comma-separated sensor presets")
+    parser.add_argument("--families", default="",
+                        help="comma-separated scene families: one drive per (sensor, family) cell, indoor families "
+                             "(rooms, office, warehouse) for the depth camera and outdoor ones for lidars; "
+                             "default: the town / the rooms, one drive per sensor")
     parser.add_argument("--frames", type=int, default=30, help="scans registered per drive (default 30)")
     parser.add_argument("--every", type=int, default=2, help="use every N-th simulated scan (more motion per step)")
-    parser.add_argument("--seed", type=int, default=41, help="world seed of the first drive (+1 per sensor)")
+    parser.add_argument("--seed", type=int, default=41, help="world seed of the first drive (+1 per drive; 0-999)")
     parser.add_argument("--max-te", type=float, default=0.3, help="metres: a trusted step further off is wrong")
     parser.add_argument("--max-re", type=float, default=2.0, help="degrees: a trusted step further off is wrong")
+    parser.add_argument("--min-constraint", type=float, default=None,
+                        help="degeneracy gate (RegistrationConfig.min_constraint; default: the shipped one)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--markdown", help="also write the table here")
 
 
-def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, max_re: float, registrar) -> dict:
-    """Run one simulated drive through the odometry; count trusted, wrong and needlessly rejected scans."""
+def plan_cells(sensors: list[str], families: list[str], seed: int) -> list[tuple[str, str | None, int]]:
+    """The drives, ``(sensor, family, seed)``: one per sensor without ``families`` (family None:
+    the town or the rooms), else one per (sensor, family) of the sensor's kind, seeds counting up
+    from ``seed``. Unknown families and seeds outside the held-out 0-999 are refused."""
+    from s2h_ros.datasets.synthetic import FAMILIES
+
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown families {unknown}; choose from {tuple(FAMILIES)}")
+    if not families:
+        cells = [(sensor, None) for sensor in sensors]
+    else:
+        cells = [(sensor, family) for sensor in sensors for family in families
+                 if (FAMILIES[family].kind == "indoor") == (sensor in INDOOR_SENSORS)]
+        if not cells:
+            raise ValueError(f"no cell: families {families} fit none of the sensors {sensors} "
+                             f"(indoor families for {INDOOR_SENSORS}, outdoor ones for lidars)")
+    planned = [(sensor, family, seed + k) for k, (sensor, family) in enumerate(cells)]
+    outside = [s for _, _, s in planned if s not in HELD_OUT_SEEDS]
+    if outside:
+        raise ValueError(f"world seeds {outside[0]}..{outside[-1]} are outside the held-out seeds 0-999")
+    return planned
+
+
+def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, max_re: float, registrar,
+                family: str | None = None) -> dict:
+    """Run one simulated drive through the odometry; count trusted, wrong and needlessly rejected
+    scans. ``family`` None: the town (rooms for the depth camera) at 10 m/s (1 m/s); else that
+    family at its own speeds."""
     from s2h_ros import geometry
     from s2h_ros.config import OdometryConfig
     from s2h_ros.datasets.synthetic import simulate_sequence
     from s2h_ros.odometry import KeyframeOdometry
 
-    indoor = sensor == "depth_camera"
-    seq = simulate_sequence(n_frames=frames * every, seed=seed, sensor=sensor, kind="indoor" if indoor else "outdoor",
-                            speed=1.0 if indoor else 10.0)
+    indoor = sensor in INDOOR_SENSORS
+    if family is None:
+        seq = simulate_sequence(n_frames=frames * every, seed=seed, sensor=sensor,
+                                kind="indoor" if indoor else "outdoor", speed=1.0 if indoor else 10.0)
+    else:
+        seq = simulate_sequence(n_frames=frames * every, seed=seed, sensor=sensor, family=family)
     gt = seq.poses
     odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
     keyframe_frame: dict[int, int] = {}
     last = None  # (frame, pose, segment) of the previous trusted scan
-    counts = {"trusted": 0, "wrong_trusted": 0, "rejected": 0, "needless_rejections": 0, "new_segments": 0}
-    wrong, rejected, constraints, t0 = [], [], [], time.perf_counter()
+    counts = {"trusted": 0, "wrong_trusted": 0, "rejected": 0, "needless_rejections": 0,
+              "degenerate_rejections": 0, "degenerate_right": 0, "new_segments": 0}
+    wrong, rejected, trusted, t0 = [], [], [], time.perf_counter()
     for i in range(0, frames * every, every):
         step = odo.step(seq[i].points, float(seq.stamps[i]))
+        kf = keyframe_frame.get(step.keyframe_id)
+        # The registration against the keyframe, and its error from the truth (None: nothing to compare).
+        re_kf = te_kf = None
+        if step.result is not None and kf is not None:
+            re_kf, te_kf = geometry.transform_errors(step.result.transform, geometry.invert_transform(gt[kf]) @ gt[i])
         if step.success and step.pose is not None:
             counts["trusted"] += 1
-            if step.result is not None and step.result.degeneracy is not None:
-                constraints.append(step.result.degeneracy.eigenvalue)
-            if last is not None and last[2] == step.segment and not step.event:
-                re, te = geometry.transform_errors(geometry.invert_transform(last[1]) @ step.pose,
-                                                   geometry.invert_transform(gt[last[0]]) @ gt[i])
-                if te > max_te or re > max_re:
-                    counts["wrong_trusted"] += 1
-                    wrong.append({"frame": i, "te_m": float(te), "re_deg": float(re)})
+            errors = []
+            if last is not None and last[2] == step.segment and step.event in ("", "relocalised"):
+                errors.append(geometry.transform_errors(geometry.invert_transform(last[1]) @ step.pose,
+                                                        geometry.invert_transform(gt[last[0]]) @ gt[i]))
+            if te_kf is not None:
+                errors.append((re_kf, te_kf))
+            re, te = max(errors, key=lambda e: e[1]) if errors else (0.0, 0.0)
+            is_wrong = any(e_te > max_te or e_re > max_re for e_re, e_te in errors)
+            record = {"frame": i, "te_m": float(te), "re_deg": float(re), "wrong": bool(is_wrong), **_describe(step)}
+            trusted.append(record)
+            if is_wrong:
+                counts["wrong_trusted"] += 1
+                wrong.append(record)
             last = (i, step.pose, step.segment)
         else:
             counts["rejected"] += 1
             counts["new_segments"] += step.event == "new_segment"
-            kf = keyframe_frame.get(step.keyframe_id)
-            if step.result is not None and kf is not None:
-                re, te = geometry.transform_errors(step.result.transform, geometry.invert_transform(gt[kf]) @ gt[i])
-                needless = te <= max_te and re <= max_re
-                counts["needless_rejections"] += needless
-                rejected.append({"frame": i, "message": step.message, "result_te_m": float(te), "right": bool(needless)})
+            degenerate = "degenerate:" in step.message
+            counts["degenerate_rejections"] += degenerate
+            if te_kf is not None:
+                right = te_kf <= max_te and re_kf <= max_re
+                counts["needless_rejections"] += right
+                counts["degenerate_right"] += right and degenerate
+                rejected.append({"frame": i, "result_te_m": float(te_kf), "result_re_deg": float(re_kf),
+                                 "right": bool(right), "degenerate": degenerate, **_describe(step)})
         if odo.keyframes and odo.keyframes[-1].id not in keyframe_frame:
             keyframe_frame[odo.keyframes[-1].id] = i
-    return {"sensor": sensor, "seed": seed, "kind": "indoor" if indoor else "outdoor", "scans": frames,
+    constraints = [t.get("weakest_constraint") for t in trusted]
+    return {"sensor": sensor, "family": family or ("rooms" if indoor else "town"), "seed": seed,
+            "kind": "indoor" if indoor else "outdoor", "scans": frames, "speed": "fixed" if family is None else "family",
             **counts, "trusted_fraction": counts["trusted"] / frames,
-            "min_constraint": min(constraints) if constraints else None, "seconds_per_scan": (time.perf_counter() - t0) / frames,
-            "wrong": wrong, "rejections": rejected}
+            "min_constraint": min((c for c in constraints if c is not None), default=None),
+            "seconds_per_scan": (time.perf_counter() - t0) / frames, "wrong": wrong, "rejections": rejected,
+            "trusted_steps": trusted}
+
+
+def _describe(step) -> dict:
+    """What a step's registration said: message, fitness, inliers, weakest constraint."""
+    r = step.result
+    out = {"message": step.message or (r.message if r is not None else ""), "event": step.event}
+    if r is not None:
+        out.update(fitness=r.fitness, fitness_fine=r.fitness_fine, inliers=r.num_inliers, search=r.search,
+                   weakest_constraint=None if r.degeneracy is None else r.degeneracy.eigenvalue,
+                   weakest=None if r.degeneracy is None else r.degeneracy.describe())
+    return out
+
+
+def _table(drives: list[dict], families: bool) -> str:
+    from s2h_ros.evaluation.report import markdown_table
+
+    if not families:  # today's table
+        return markdown_table(
+            ["sensor", "world", "scans", "trusted", "wrong but trusted", "rejected", "of those right", "new segments",
+             "weakest constraint (min)", "s / scan"],
+            [[d["sensor"], f"{d['kind']} seed {d['seed']}", str(d["scans"]), str(d["trusted"]),
+              str(d["wrong_trusted"]), str(d["rejected"]), str(d["needless_rejections"]), str(d["new_segments"]),
+              _constraint(d), f"{d['seconds_per_scan']:.2f}"] for d in drives])
+    return markdown_table(
+        ["sensor", "family", "seed", "scans", "trusted", "wrong but trusted", "rejected", "needless rejections",
+         "degenerate (right anyway)", "new segments", "weakest constraint (min)", "s / scan"],
+        [[d["sensor"], d["family"], str(d["seed"]), str(d["scans"]), str(d["trusted"]), str(d["wrong_trusted"]),
+          str(d["rejected"]), str(d["needless_rejections"]), f"{d['degenerate_rejections']} ({d['degenerate_right']})",
+          str(d["new_segments"]), _constraint(d), f"{d['seconds_per_scan']:.2f}"] for d in drives])
+
+
+def _constraint(d: dict) -> str:
+    return "-" if d["min_constraint"] is None else f"{d['min_constraint']:.4f}"
 
 
 def run(args: argparse.Namespace) -> dict:
     import torch
 
     from s2h_ros.config import RegistrationConfig
-    from s2h_ros.evaluation.report import markdown_table
     from s2h_ros.outputs import write_text
     from s2h_ros.pipeline import Registrar
 
+    sensors = [s.strip() for s in args.sensors.split(",") if s.strip()]
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    cells = plan_cells(sensors, families, args.seed)
     torch.set_num_threads(args.threads)
-    registrar = Registrar(RegistrationConfig())
-    drives = [drive_trust(sensor, args.seed + k, args.frames, args.every, args.max_te, args.max_re, registrar)
-              for k, sensor in enumerate(s.strip() for s in args.sensors.split(",") if s.strip())]
-    table = markdown_table(
-        ["sensor", "world", "scans", "trusted", "wrong but trusted", "rejected", "of those right", "new segments",
-         "weakest constraint (min)", "s / scan"],
-        [[d["sensor"], f"{d['kind']} seed {d['seed']}", str(d["scans"]), str(d["trusted"]), str(d["wrong_trusted"]),
-          str(d["rejected"]), str(d["needless_rejections"]), str(d["new_segments"]),
-          "-" if d["min_constraint"] is None else f"{d['min_constraint']:.4f}", f"{d['seconds_per_scan']:.2f}"]
-         for d in drives])
+    config = RegistrationConfig()
+    if args.min_constraint is not None:
+        config = config.replace(min_constraint=args.min_constraint)
+    registrar = Registrar(config)
+    drives = []
+    for sensor, family, seed in cells:
+        drives.append(drive_trust(sensor, seed, args.frames, args.every, args.max_te, args.max_re, registrar, family))
+        d = drives[-1]
+        print(f"# {sensor} {d['family']} seed {seed}: {d['trusted']}/{d['scans']} trusted, {d['wrong_trusted']} wrong, "
+              f"{d['needless_rejections']} needless, {d['degenerate_rejections']} degenerate", file=sys.stderr, flush=True)
+    table = _table(drives, bool(families))
     print(table, end="")
     if args.markdown:
         write_text(args.markdown, table)
-    return {"every": args.every, "max_te_m": args.max_te, "max_re_deg": args.max_re, "threads": args.threads,
-            "wrong_trusted_total": sum(d["wrong_trusted"] for d in drives), "drives": drives, "table": table}
+    return {"every": args.every, "min_constraint_gate": config.min_constraint, "max_te_m": args.max_te, "max_re_deg": args.max_re, "threads": args.threads,
+            "families": families, "wrong_trusted_total": sum(d["wrong_trusted"] for d in drives),
+            "drives": drives, "table": table}

@@ -1,0 +1,26 @@
+"""``s2h bench trust --families``: which held-out drives the bench plans (no registration here)."""
+from __future__ import annotations
+
+import pytest
+
+from s2h_ros.benchmarks.trust import plan_cells
+
+
+def test_without_families_one_drive_per_sensor_as_before():
+    cells = plan_cells(["vlp16", "hdl64", "depth_camera"], [], 41)
+    assert cells == [("vlp16", None, 41), ("hdl64", None, 42), ("depth_camera", None, 43)]
+
+
+def test_families_pair_lidars_with_outdoor_and_the_depth_camera_with_indoor_worlds():
+    cells = plan_cells(["vlp16", "depth_camera"], ["tunnel", "office", "suburban", "warehouse"], 100)
+    assert cells == [("vlp16", "tunnel", 100), ("vlp16", "suburban", 101),
+                     ("depth_camera", "office", 102), ("depth_camera", "warehouse", 103)]
+
+
+def test_seeds_outside_the_held_out_worlds_and_unknown_families_are_refused():
+    with pytest.raises(ValueError, match="outside the held-out seeds 0-999"):
+        plan_cells(["vlp16"], ["tunnel", "highway"], 999)
+    with pytest.raises(ValueError, match="unknown families"):
+        plan_cells(["vlp16"], ["moon"], 0)
+    with pytest.raises(ValueError, match="no cell"):
+        plan_cells(["depth_camera"], ["tunnel"], 0)
