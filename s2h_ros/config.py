@@ -64,7 +64,7 @@ class RegistrationConfig:
     min_inliers: int = field(default=30, metadata=_meta("success needs at least this many inlier correspondences", 3, 1_000_000))
     min_fitness: float = field(default=0.5, metadata=_meta("success needs this fraction of source voxels within inlier_distance of the target (wrong lidar alignments measured <= 0.43, right ones >= 0.64)", 0.0, 1.0))
     seed: int = field(default=0, metadata=_meta("random seed (subsampling, RANSAC)", 0, 2**31 - 1))
-    min_constraint: float = field(default=0.007, metadata=_meta("success needs the geometry to constrain every direction of the pose: the weakest eigenvalue of the scale-free point-to-plane information matrix at the result (s2h_ros.degeneracy; measured: tunnels, two walls and ground, open fields 0.0000-0.0050 at the wrong poses registration returns there, streets and rooms 0.0099-0.15) must reach this, else the result is degenerate and not trusted; 0: off", 0.0, 1.0))
+    min_constraint: float = field(default=0.007, metadata=_meta("success needs the geometry to constrain every direction of the pose: the weakest eigenvalue of the scale-free point-to-plane information matrix at the result, each row weighted by the planarity of its target neighbourhood (s2h_ros.degeneracy; measured on held-out drives: right results in streets and rooms 0.0075-0.15; analytic tunnels, two walls and ground, open fields, and ring-aligned zero-motion results in simulated tunnels below 0.007; 16-beam highways overlap, docs/reliability.md) must reach this, else the result is degenerate and not trusted; 0: off", 0.0, 1.0))
 
     def __post_init__(self) -> None:
         _validate(self)
