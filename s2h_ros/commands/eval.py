@@ -2,7 +2,8 @@
 
 Pairs (synthetic, kitti-pairs, 3dmatch, kitti-loop, 3dmatch-demo) give recall / RE / TE / time
 / peak memory per method; sequences (kitti, synthetic --task sequence, bag) give KITTI drift,
-ATE and time per frame. Writes a Markdown table to stdout (and ``--markdown``), the full
+ATE and time per frame; ``matrix`` runs the evaluation matrix (held-out sensors x scene families,
+mixed-sensor pairs and the real pairs; s2h_ros.evaluation.matrix) with a recall heat map. Writes a Markdown table to stdout (and ``--markdown``), the full
 results with ``--json``, and PNG plots (error CDFs, top-view trajectories) with ``--plots``; every
 file atomically (s2h_ros.outputs), ``--jsonl`` one flushed line per pair as it is made.
 
@@ -26,7 +27,23 @@ import numpy as np
 
 from s2h_ros.commands.simulate import FAMILY_NAMES, SENSOR_NAMES
 
-DATASETS = ("synthetic", "kitti", "kitti-pairs", "3dmatch", "kitti-loop", "3dmatch-demo", "bag")
+# s2h_ros.evaluation.matrix's defaults, here so that building the parser imports no Open3D
+MATRIX_DEFAULTS = {
+    "sensors": ("vlp16", "hdl32", "os1_64", "os1_128", "livox"),
+    "families": ("town", "suburban", "highway", "parking_lot", "open_field", "tunnel"),
+    "indoor_sensors": ("depth_camera",), "indoor_families": ("rooms", "office", "warehouse"),
+    "mixed": ("vlp16:os1_128", "os1_128:vlp16", "hdl32:livox"), "mixed_families": ("town", "suburban"),
+    "real": ("kitti-loop", "3dmatch-demo"),
+}
+MATRIX_METHODS = "s2h,fpfh_ransac"
+MATRIX_LISTS = {
+    "sensors": "outdoor sensor presets", "families": "outdoor scene families",
+    "indoor_sensors": "indoor sensors (0.05 m voxels, 3DMatch thresholds)", "indoor_families": "indoor families",
+    "mixed": "mixed-sensor rows SOURCE:TARGET", "mixed_families": "outdoor families of the mixed-sensor rows",
+    "real": "bundled real pairs as extra rows",
+}
+
+DATASETS = ("synthetic", "kitti", "kitti-pairs", "3dmatch", "kitti-loop", "3dmatch-demo", "bag", "matrix")
 SEQUENCE_DATASETS = ("kitti", "bag")
 INDOOR_DATASETS = ("3dmatch", "3dmatch-demo")
 
@@ -36,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None,
                         help="comma-separated from fpfh_ransac,fpfh_fgr,icp,kiss_icp,s2h; "
                              "s2h:KEY=VALUE+KEY=VALUE is s2h with RegistrationConfig fields changed "
-                             "(e.g. s2h:matcher=nn) (default: every method that applies to the task)")
+                             "(e.g. s2h:matcher=nn) (default: every method that applies to the task; "
+                             f"matrix: {MATRIX_METHODS})")
     parser.add_argument("--task", choices=("pairs", "sequence"), default=None,
                         help="pairs or sequence (default: sequence for kitti/bag, pairs otherwise)")
     parser.add_argument("--root", type=Path, help="KITTI odometry root (or one sequence folder), 3DMatch "
@@ -54,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="synthetic scene family (default: --kind's town or rooms)")
     parser.add_argument("--turn", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
                         help="pairs: turn every source about z by a random heading of MIN-MAX deg either way "
-                             "(seeded by --seed; T_gt follows): relative headings beyond the data's own")
+                             "(seeded by --seed; T_gt follows): relative headings beyond the data's own "
+                             "(matrix: default 0 180 on its synthetic cells; 0 0 turns none)")
     parser.add_argument("--min-distance", type=float, default=10.0, help="synthetic pairs: metres apart (min)")
     parser.add_argument("--max-distance", type=float, default=20.0,
                         help="synthetic pairs: metres apart (max, --pair-source sampler)")
@@ -72,6 +91,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", type=Path, help="write the results table here")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    matrix = parser.add_argument_group("--dataset matrix (held-out sensors x scene families)")
+    for key, what in MATRIX_LISTS.items():
+        matrix.add_argument("--" + key.replace("_", "-"), default=",".join(MATRIX_DEFAULTS[key]),
+                            help=f"{what}, comma-separated (default %(default)s; '' for none)")
+    matrix.add_argument("--pairs-per-cell", type=int, default=10, help="synthetic pairs per cell (default 10)")
+    matrix.add_argument("--indoor-distance", type=float, nargs=2, metavar=("MIN", "MAX"), default=(1.0, 3.0),
+                        help="indoor candidate pairs: metres apart (default 1 3)")
+    matrix.add_argument("--overlap", type=float, nargs=2, metavar=("MIN", "MAX"), default=(0.3, 0.6),
+                        help="indoor pairs: overlap fraction kept (default 0.3 0.6)")
 
 
 # ------------------------------------------------------------------------------- data
@@ -327,13 +355,8 @@ class Made:
     summary: dict[str, dict] = field(default_factory=dict)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # Open3D reads it when it loads
-    from s2h_ros.evaluation.harness import evaluate_pairs, summarize_records
-    from s2h_ros.evaluation.metrics import THRESHOLDS
-    from s2h_ros.evaluation.report import pairs_table, sequence_table
-    from s2h_ros.interrupts import Interrupted, exit_status, on_stop_signals, raise_interrupted, signal_name
+def outputs_writable(args: argparse.Namespace) -> bool:
+    """Whether every output folder takes a file; if not, one stderr line names it."""
     from s2h_ros.outputs import check_writable
 
     try:
@@ -341,9 +364,23 @@ def run(args: argparse.Namespace) -> int:
             check_writable(folder)
     except OSError as exc:
         print(f"s2h eval: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # Open3D reads it when it loads
+    from s2h_ros.evaluation.harness import evaluate_pairs, summarize_records
+    from s2h_ros.evaluation.metrics import THRESHOLDS
+    from s2h_ros.evaluation.report import pairs_table, sequence_table
+    from s2h_ros.interrupts import Interrupted, exit_status, on_stop_signals, raise_interrupted, signal_name
+    if not outputs_writable(args):
         return EXIT_BAD_OUTPUT
     if args.threads is not None and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(args.threads)
+    if args.dataset == "matrix":
+        return run_matrix(args)
     task = args.task or ("sequence" if args.dataset in SEQUENCE_DATASETS else "pairs")
     indoor = args.dataset in INDOOR_DATASETS or (args.dataset == "synthetic" and args.kind == "indoor")
     scale, threshold = ("indoor", THRESHOLDS["3dmatch"]) if indoor else ("outdoor", THRESHOLDS["kitti"])
@@ -400,17 +437,31 @@ def _write_outputs(args: argparse.Namespace, result: dict, made: Made, threshold
     """The table on stdout, then ``--plots``, ``--markdown`` and ``--json``; a file that cannot be
     written is one stderr line naming it (status 2)."""
     from s2h_ros.evaluation import plots
+
+    def draw() -> list[Path]:
+        if made.records:
+            return [plots.error_cdfs(made.records, args.plots / f"{args.dataset}_error_cdf.png",
+                                     threshold.re_deg, threshold.te_m)]
+        if made.poses:
+            return [plots.trajectories_top_view(made.gt, made.poses, args.plots / f"{args.dataset}_trajectory.png",
+                                                title=made.sequence)]
+        return []
+
+    return _write_results(args, result, draw)
+
+
+def _write_results(args: argparse.Namespace, result: dict, draw) -> int:
+    """Print ``result["table"]``, then write ``draw()``'s plots (with ``--plots``), the Markdown and
+    the JSON; an OSError is one stderr line naming the file (status 2)."""
     from s2h_ros.outputs import write_json, write_text
 
     result["machine"]["load_avg_after"] = list(os.getloadavg())
     print(result["table"], end="", flush=True)
     try:
-        if args.plots is not None and made.records:
-            result["plots"] = [str(plots.error_cdfs(made.records, args.plots / f"{args.dataset}_error_cdf.png",
-                                                    threshold.re_deg, threshold.te_m))]
-        elif args.plots is not None and made.poses:
-            result["plots"] = [str(plots.trajectories_top_view(
-                made.gt, made.poses, args.plots / f"{args.dataset}_trajectory.png", title=made.sequence))]
+        if args.plots is not None:
+            drawn = draw()
+            if drawn:
+                result["plots"] = [str(path) for path in drawn]
         if args.markdown is not None:
             write_text(args.markdown, result["table"])
         if args.json is not None:
@@ -419,3 +470,107 @@ def _write_outputs(args: argparse.Namespace, result: dict, made: Made, threshold
         print(f"s2h eval: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_BAD_OUTPUT
     return EXIT_OK
+
+
+# ------------------------------------------------------------------------------ matrix
+
+
+def _arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's options as JSON values (what reproduces the run)."""
+    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for k, v in vars(args).items() if v is None or isinstance(v, (str, int, float, bool, list, tuple, Path))}
+
+
+def _models(methods: dict[str, dict[str, Any]]) -> dict[str, dict]:
+    """The weights file (path, size, SHA-256) each s2h method loads at each scale."""
+    import hashlib
+
+    out: dict[str, dict] = {}
+    for scale, by_name in methods.items():
+        for name, method in by_name.items():
+            config = getattr(method, "config", None)
+            if config is None:
+                continue
+            entry: dict[str, Any] = {"features": config.features, "voxel": config.voxel_size}
+            if config.features != "fpfh":
+                from s2h_ros.pipeline import default_weights_path
+
+                path = Path(config.weights) if config.weights else default_weights_path()
+                entry["weights"] = str(path)
+                if path.is_file():
+                    entry.update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+            out[f"{name}@{scale}"] = entry
+    return out
+
+
+def run_matrix(args: argparse.Namespace) -> int:
+    """``--dataset matrix``: every cell's pairs through every method, records streamed as they are
+    made; the table on stdout and in ``--markdown``, everything in ``--json``, the recall heat map
+    in ``--plots``/matrix_recall.png."""
+    from s2h_ros.evaluation import matrix as mx
+    from s2h_ros.interrupts import Interrupted, exit_status, on_stop_signals, raise_interrupted, signal_name
+
+    if args.pairs_per_cell < 1:
+        raise SystemExit(f"s2h eval: --pairs-per-cell must be >= 1, got {args.pairs_per_cell}")
+    turn = (0.0, 180.0) if args.turn is None else tuple(args.turn)
+    if not 0.0 <= turn[0] <= turn[1] <= 180.0:
+        raise SystemExit(f"s2h eval: --turn needs 0 <= MIN <= MAX <= 180 degrees, got {turn[0]:g} {turn[1]:g}")
+    try:
+        cells = mx.matrix_cells(args.seed, sensors=args.sensors, families=args.families,
+                                indoor_sensors=args.indoor_sensors, indoor_families=args.indoor_families,
+                                mixed=args.mixed, mixed_families=args.mixed_families, real=args.real)
+    except ValueError as err:
+        raise SystemExit(f"s2h eval: {err}") from err
+    if not cells:
+        raise SystemExit("s2h eval: the matrix has no cells")
+    settings = mx.PairSettings(n=args.pairs_per_cell, distance=(args.min_distance, args.max_distance),
+                               indoor_distance=tuple(args.indoor_distance), overlap=tuple(args.overlap),
+                               turn=turn if turn != (0.0, 0.0) else None)
+    names = [m.strip() for m in (args.methods or MATRIX_METHODS).split(",") if m.strip()]
+    scales = list(dict.fromkeys(c.scale for c in cells))
+    methods = {scale: build_methods(names, "pairs", scale, args) for scale in scales}
+    result: dict[str, Any] = {
+        "dataset": "matrix", "task": "pairs", "arguments": _arguments(args), "pair_settings": vars(settings),
+        "settings": {scale: {n: method_settings(m) for n, m in ms.items()} for scale, ms in methods.items()},
+        "models": _models(methods), "machine": _machine(args.threads), "interrupted": None}
+    stopped = None
+    with contextlib.ExitStack() as stack:
+        stream = JsonLines(stack.enter_context(args.jsonl.open("w"))) if args.jsonl is not None else None
+        records = Records(stream)
+
+        def finished(cell: mx.Cell, done: list[dict]) -> None:
+            tally = ", ".join(f"{m} {sum(r['registered'] for r in done if r['method'] == m)}/"
+                              f"{sum(r['method'] == m for r in done)}" for m in names)
+            print(f"s2h eval: [{cells.index(cell) + 1}/{len(cells)}] {cell.key}"
+                  f"{'' if cell.seed is None else f' seed {cell.seed}'}: {tally} registered", file=sys.stderr)
+
+        with on_stop_signals(raise_interrupted):
+            try:
+                mx.evaluate_matrix(cells, methods, settings, records, progress=not args.no_progress,
+                                   on_cell=finished)
+            except Interrupted as exc:
+                stopped = exc.signum
+                result["interrupted"] = signal_name(stopped)
+    summary = mx.summarize_matrix(cells, records)
+    result.update(cells=[mx.cell_record(c) for c in cells], summary=summary, pairs=list(records),
+                  table=mx.matrix_table(cells, summary, names))
+    status = _write_matrix(args, result, cells, summary, names)
+    if stopped is None:
+        return status
+    print(f"s2h eval: stopped by {signal_name(stopped)}; results so far ({len(records)} pair records) above"
+          f"{' and written' if status == EXIT_OK and output_dirs(args) else ''}", file=sys.stderr)
+    return exit_status(stopped)
+
+
+def _write_matrix(args: argparse.Namespace, result: dict, cells: list, summary: dict, names: list[str]) -> int:
+    from s2h_ros.evaluation import plots
+    from s2h_ros.evaluation.matrix import recall_grid
+
+    def draw() -> list[Path]:
+        if not summary:
+            return []
+        rows, grid = recall_grid(cells, summary, names)
+        return [plots.recall_heatmap(rows, names, grid, args.plots / "matrix_recall.png",
+                                     title="recall (%) per cell and method")]
+
+    return _write_results(args, result, draw)

@@ -164,7 +164,23 @@ def run_pair(method: Any, pair: PointCloudPair) -> tuple[np.ndarray, dict]:
         "info": {k: v for k, v in (getattr(result, "info", None) or {}).items()
                  if isinstance(v, (int, float, str, bool))},
     }
+    record["info"].update(truth_inliers(result, pair.T_gt))
     return T, record
+
+
+def truth_inliers(result: Any, T_gt: np.ndarray) -> dict[str, float]:
+    """``gt_inliers`` / ``gt_inlier_ratio``: the result's matches (``matches`` (K, 2, 3), e.g. the
+    S2H correspondences) whose source point lands within ``match_inlier_distance`` of its target
+    point under the true transform; nothing for a result without matches."""
+    matches = getattr(result, "matches", None)
+    distance = getattr(result, "match_inlier_distance", None)
+    if matches is None or distance is None or len(matches) == 0:
+        return {}
+    matches = np.asarray(matches, dtype=np.float64)
+    T = np.asarray(T_gt, dtype=np.float64)
+    moved = matches[:, 0] @ T[:3, :3].T + T[:3, 3]
+    inliers = int(np.count_nonzero(np.linalg.norm(moved - matches[:, 1], axis=1) < distance))
+    return {"gt_inliers": inliers, "gt_inlier_ratio": inliers / len(matches)}
 
 
 def evaluate_pairs(methods: dict[str, Any], pairs: Iterable[PointCloudPair], threshold: RecallThreshold,

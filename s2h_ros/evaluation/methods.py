@@ -34,6 +34,10 @@ class MethodResult:
     success: bool
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     info: dict[str, Any] = field(default_factory=dict)  # e.g. fitness, inlier count
+    # (K, 2, 3) source and target point of each match in the input frames, and the distance within
+    # which a match counts as an inlier: the harness scores them against the truth (None: no matches)
+    matches: np.ndarray | None = None
+    match_inlier_distance: float | None = None
 
 
 @runtime_checkable
@@ -120,7 +124,8 @@ class PipelineMethod:
     Without an explicit ``config`` it uses the pipeline's defaults with the scale's voxel size
     (inlier distance 2 x voxel, as DGR) and ``device``; ``variant`` (``"matcher=nn+k=8"``)
     changes config fields on top. The pipeline reports stage timings in
-    milliseconds; they are converted to seconds like every other method's.
+    milliseconds; they are converted to seconds like every other method's. The result carries
+    the S2H matches (``matches``) so that the harness can count those the truth confirms.
     """
 
     name = "s2h"
@@ -146,9 +151,13 @@ class PipelineMethod:
 
     def register(self, source: np.ndarray, target: np.ndarray) -> MethodResult:
         r = self._register(source, target, config=self.config)
+        pairs = np.asarray(r.correspondences, dtype=np.int64).reshape(-1, 2)
+        matches = np.stack([np.asarray(r.source_xyz, np.float64)[pairs[:, 0]],
+                            np.asarray(r.target_xyz, np.float64)[pairs[:, 1]]], axis=1)
         return MethodResult(
             transform=np.asarray(r.transform, dtype=np.float64), success=bool(r.success),
             timings={k: v / 1e3 for k, v in r.timings.items() if k != "total"},
             info={"message": r.message, "correspondences": len(r.correspondences), "inliers": r.num_inliers,
                   "inlier_ratio": r.inlier_ratio, "fitness": r.fitness, "used_fallback": r.used_fallback,
-                  "feature_kind": r.feature_kind})
+                  "feature_kind": r.feature_kind, "heading_deg": float(getattr(r, "heading_deg", 0.0))},
+            matches=matches, match_inlier_distance=float(self.config.inlier_distance))

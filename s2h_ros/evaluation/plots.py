@@ -1,4 +1,5 @@
-"""PNG figures of evaluation results: error CDFs per method and top-view trajectories.
+"""PNG figures of evaluation results: error CDFs per method, top-view trajectories and the
+evaluation matrix's recall heat map.
 
 Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot, no global backend
 switch), so they render on headless machines and leave a user's interactive session alone.
@@ -64,6 +65,27 @@ def trajectories_top_view(gt: np.ndarray, estimates: dict[str, np.ndarray], path
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
+    return _save(fig, path)
+
+
+def recall_heatmap(rows: list[str], methods: list[str], recall_pct: np.ndarray, path: Path,
+                   title: str = "") -> Path:
+    """Recall (%) per row (matrix cell) and column (method) as coloured, annotated squares; NaN
+    (no result) is left blank."""
+    grid = np.asarray(recall_pct, dtype=np.float64).reshape(len(rows), len(methods))
+    if grid.size == 0:
+        raise ValueError("no cells to plot")
+    fig = Figure(figsize=(2.0 + 1.6 * len(methods), 1.2 + 0.32 * len(rows)))
+    ax = fig.subplots()
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", vmin=0.0, vmax=100.0, aspect="auto")
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            if np.isfinite(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(methods)), methods, rotation=20, ha="right")
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_title(title or "recall (%)")
+    fig.colorbar(image, ax=ax, label="recall (%)")
     return _save(fig, path)
 
 

@@ -299,13 +299,17 @@ def _pair_frames(pos: np.ndarray, arc: np.ndarray, n: int, min_distance: float, 
 def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance: float = 20.0,
                     sensor: str | LidarModel = "hdl64", kind: str | None = None, noise: bool = True,
                     family: str | None = None, mount_height: float | None = None,
-                    tilt_deg: float | None = None) -> list[PointCloudPair]:
+                    tilt_deg: float | None = None,
+                    target_sensor: str | LidarModel | None = None) -> list[PointCloudPair]:
     """n scan pairs from the world of ``seed``, sensors between min and max distance apart.
 
     ``T_gt`` maps source into target exactly (x_target = T_gt x_source). Successive pairs start
     5-20 m further along one drive; source and target order is random. Worlds are pure functions
     of the seed, so pairs of different seeds share no geometry (use held-out seeds for testing).
     ``family``, ``kind``, ``mount_height`` and ``tilt_deg`` act as in ``simulate_sequence``.
+    ``target_sensor``: render every target with this sensor instead (mixed-sensor pairs: the same
+    world, drive, frames and poses; ``meta["target_sensor"]`` names it). Without it the output is
+    unchanged.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -317,21 +321,26 @@ def synthetic_pairs(n: int, seed: int, min_distance: float = 10.0, max_distance:
     step = 1.0 / model.rate_hz
     stamps = np.arange(0.0, traj.duration, step)
     seq = SyntheticSequence(world, traj, model, stamps, seed, noise=noise, name=f"pairs_seed{seed}")
+    tseq = seq if target_sensor is None else SyntheticSequence(
+        world, traj, mounted(target_sensor, mount_height, tilt_deg), stamps, seed, noise=noise,
+        name=f"pairs_seed{seed}_target")
     pos = seq.world_poses[:, :3, 3]
     arc = traj.arc_at(stamps)
     rng = seeded_rng(seed, 6, 0)
     pairs: list[PointCloudPair] = []
-    cache: dict[int, SyntheticScan] = {}
+    cache: dict[tuple[int, int], SyntheticScan] = {}  # (sequence: 0 source, 1 target, frame) -> scan
     for a, b in _pair_frames(pos, arc, n, min_distance, max_distance, rng):
         i, j = (a, b) if rng.uniform() < 0.5 else (b, a)
-        cache = {k: v for k, v in cache.items() if k >= a}  # keep memory bounded
-        for k in (i, j):
-            if k not in cache:
-                cache[k] = seq[k]
-        T_gt = np.linalg.inv(seq.world_poses[j]) @ seq.world_poses[i]
+        cache = {k: v for k, v in cache.items() if k[1] >= a}  # keep memory bounded
+        for key in ((0, i), (int(tseq is not seq), j)):
+            if key not in cache:
+                cache[key] = (tseq if key[0] else seq)[key[1]]
+        T_gt = np.linalg.inv(tseq.world_poses[j]) @ seq.world_poses[i]
+        meta = {"dataset": "synthetic", "kind": world.kind, "family": world.family, "sensor": model.name,
+                "seed": seed, "frames": (i, j), "distance": float(np.linalg.norm(pos[b] - pos[a]))}
+        if tseq is not seq:
+            meta["target_sensor"] = tseq.sensor.name
         pairs.append(PointCloudPair(
-            source=cache[i].points, target=cache[j].points, T_gt=T_gt, name=f"synthetic_s{seed}_{i:05d}_{j:05d}",
-            meta={"dataset": "synthetic", "kind": world.kind, "family": world.family, "sensor": model.name,
-                  "seed": seed, "frames": (i, j),
-                  "distance": float(np.linalg.norm(pos[b] - pos[a]))}))
+            source=cache[0, i].points, target=cache[int(tseq is not seq), j].points, T_gt=T_gt,
+            name=f"synthetic_s{seed}_{i:05d}_{j:05d}", meta=meta))
     return pairs

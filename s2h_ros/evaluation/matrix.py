@@ -1,0 +1,336 @@
+"""The evaluation matrix (``s2h eval --dataset matrix``): held-out sensors x scene families,
+mixed-sensor pairs and the bundled real pairs, every method on the same pairs in one run.
+
+Cells:
+
+- **sensor cells**: one lidar preset in one outdoor scene family, pairs 10-20 m apart
+  (``synthetic_pairs``), each source turned about z by a random heading (default 0-180 deg
+  either way, so any relative heading);
+- **indoor cells**: a depth camera (or an indoor lidar) in rooms / offices / a warehouse, pairs
+  1-3 m apart whose overlap (:func:`overlap_ratio`) lies in 30-60 %, at 3DMatch thresholds and
+  0.05 m voxels, turned like the outdoor ones;
+- **mixed cells**: source from one sensor, target from another, same world, drive and poses
+  (``synthetic_pairs(target_sensor=...)``);
+- **real cells**: the bundled KITTI loop pair and 3DMatch demo pair, as they are (not turned).
+
+Every synthetic cell has its own world seed in 0-999 (the range no training run may use),
+derived from the base seed and the cell's key (:func:`cell_seed`) and distinct within a matrix.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from s2h_ros.evaluation.metrics import THRESHOLDS, RecallThreshold
+
+HELD_OUT_SEEDS = 1000  # seeds 0..999: evaluation worlds only (training refuses them)
+OUTDOOR_SENSORS = ("vlp16", "hdl32", "os1_64", "os1_128", "livox")
+OUTDOOR_FAMILIES = ("town", "suburban", "highway", "parking_lot", "open_field", "tunnel")
+INDOOR_SENSORS = ("depth_camera",)
+INDOOR_FAMILIES = ("rooms", "office", "warehouse")
+MIXED = ("vlp16:os1_128", "os1_128:vlp16", "hdl32:livox")
+MIXED_FAMILIES = ("town", "suburban")
+REAL = ("kitti-loop", "3dmatch-demo")
+REAL_SCALE = {"kitti-loop": "outdoor", "3dmatch-demo": "indoor"}
+SCALE_THRESHOLD = {"outdoor": THRESHOLDS["kitti"], "indoor": THRESHOLDS["3dmatch"]}
+SCALE_VOXEL = {"outdoor": 0.3, "indoor": 0.05}
+
+
+@dataclass
+class Cell:
+    """One row of the matrix."""
+
+    key: str  # "vlp16/town", "vlp16>os1_128/town", "real/kitti-loop"
+    kind: str  # "sensor", "mixed" or "real"
+    scale: str  # "outdoor" (KITTI thresholds, 0.3 m voxels) or "indoor" (3DMatch, 0.05 m)
+    family: str | None = None
+    sensor: str | None = None  # the source's sensor (synthetic)
+    target_sensor: str | None = None  # the target's sensor (synthetic; the source's unless mixed)
+    seed: int | None = None  # the held-out world (synthetic)
+    dataset: str = "synthetic"  # or the real pair's dataset name
+    seeds_tried: list[int] = field(default_factory=list)  # worlds whose drive was too short first
+
+    @property
+    def threshold(self) -> RecallThreshold:
+        return SCALE_THRESHOLD[self.scale]
+
+    @property
+    def data(self) -> str:
+        return "real" if self.kind == "real" else "held-out sim"
+
+
+def cell_seed(base: int, key: str) -> int:
+    """The held-out world seed (0-999) of the cell ``key`` in a matrix with base seed ``base``:
+    a CRC-32 of both, so a cell keeps its world when other cells are added or removed."""
+    return zlib.crc32(f"{int(base)}:{key}".encode()) % HELD_OUT_SEEDS
+
+
+def _next_free(seed: int, taken: set[int]) -> int:
+    if len(taken) >= HELD_OUT_SEEDS:
+        raise ValueError("more cells than held-out seeds")
+    while seed in taken:
+        seed = (seed + 1) % HELD_OUT_SEEDS
+    return seed
+
+
+def _split(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [v.strip() for v in items if v.strip()]
+
+
+def matrix_cells(base_seed: int = 0, sensors=OUTDOOR_SENSORS, families=OUTDOOR_FAMILIES,
+                 indoor_sensors=INDOOR_SENSORS, indoor_families=INDOOR_FAMILIES, mixed=MIXED,
+                 mixed_families=MIXED_FAMILIES, real=REAL) -> list[Cell]:
+    """The rows of a matrix: every sensor x outdoor family, indoor sensor x indoor family, mixed
+    ``"SRC:TGT"`` sensor pair x mixed family, then the real pairs. Lists may be comma-separated
+    strings. A seed that an earlier cell of the same matrix holds moves on to the next free one."""
+    from s2h_ros.datasets.synthetic import FAMILIES, LIDAR_PRESETS
+
+    def check(names: list[str], known, what: str) -> list[str]:
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise ValueError(f"unknown {what} {', '.join(bad)} (choose from {', '.join(known)})")
+        return names
+
+    def check_families(names: list[str], kind: str, what: str) -> list[str]:
+        check(names, tuple(FAMILIES), what)
+        wrong = [n for n in names if FAMILIES[n].kind != kind]
+        if wrong:
+            raise ValueError(f"{what} must be {kind} families; {', '.join(wrong)} are not")
+        return names
+
+    specs: list[Cell] = []
+    for sensor in check(_split(sensors), LIDAR_PRESETS, "sensor"):
+        for family in check_families(_split(families), "outdoor", "families"):
+            specs.append(Cell(f"{sensor}/{family}", "sensor", "outdoor", family, sensor, sensor))
+    for sensor in check(_split(indoor_sensors), LIDAR_PRESETS, "indoor sensor"):
+        for family in check_families(_split(indoor_families), "indoor", "indoor families"):
+            specs.append(Cell(f"{sensor}/{family}", "sensor", "indoor", family, sensor, sensor))
+    for spec in _split(mixed):
+        src, sep, tgt = spec.partition(":")
+        if not sep or not src or not tgt or src == tgt:
+            raise ValueError(f"a mixed pair is SOURCE:TARGET of two different sensors, got {spec!r}")
+        check([src, tgt], LIDAR_PRESETS, "sensor")
+        for family in check_families(_split(mixed_families), "outdoor", "mixed families"):
+            specs.append(Cell(f"{src}>{tgt}/{family}", "mixed", "outdoor", family, src, tgt))
+    taken: set[int] = set()
+    for cell in specs:
+        cell.seed = _next_free(cell_seed(base_seed, cell.key), taken)
+        taken.add(cell.seed)
+    for name in check(_split(real), tuple(REAL_SCALE), "real pair"):
+        specs.append(Cell(f"real/{name}", "real", REAL_SCALE[name], dataset=name))
+    keys = [c.key for c in specs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a cell is listed twice: {sorted(k for k in keys if keys.count(k) > 1)}")
+    return specs
+
+
+# ------------------------------------------------------------------------------- pairs
+
+
+def overlap_ratio(pair: Any, voxel: float = 0.05) -> float:
+    """The overlap of a pair: of each cloud's ``voxel`` grid points, the fraction within 1.5 voxels
+    of the other cloud (after ``T_gt``); the smaller of the two."""
+    from scipy.spatial import cKDTree
+
+    from s2h_ros.geometry import apply_transform
+
+    def grid(points: np.ndarray) -> np.ndarray:
+        keys = np.floor(points / voxel).astype(np.int64)
+        return points[np.unique(keys, axis=0, return_index=True)[1]]
+
+    src = grid(apply_transform(np.asarray(pair.T_gt, np.float64), np.asarray(pair.source, np.float64)))
+    tgt = grid(np.asarray(pair.target, np.float64))
+    if len(src) == 0 or len(tgt) == 0:
+        return 0.0
+    near = 1.5 * voxel
+    return float(min(np.mean(cKDTree(tgt).query(src)[0] < near), np.mean(cKDTree(src).query(tgt)[0] < near)))
+
+
+@dataclass
+class PairSettings:
+    """How a matrix draws its synthetic pairs."""
+
+    n: int = 10  # pairs per cell
+    distance: tuple[float, float] = (10.0, 20.0)  # outdoor: metres apart
+    indoor_distance: tuple[float, float] = (1.0, 3.0)  # indoor candidates: metres apart
+    overlap: tuple[float, float] = (0.3, 0.6)  # indoor: kept when the overlap lies in this range
+    turn: tuple[float, float] | None = (0.0, 180.0)  # source heading turn, degrees either way
+    candidates: int = 4  # indoor: candidates drawn per wanted pair (doubled until enough qualify)
+    retries: int = 3  # further seeds when a world's drive is too short
+
+
+def _draw(cell: Cell, settings: PairSettings, seed: int) -> list:
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+
+    common = {"sensor": cell.sensor, "family": cell.family}
+    if cell.target_sensor != cell.sensor:
+        common["target_sensor"] = cell.target_sensor
+    if cell.scale == "outdoor":
+        lo, hi = settings.distance
+        return synthetic_pairs(settings.n, seed, min_distance=lo, max_distance=hi, **common)
+    lo, hi = settings.indoor_distance
+    keep: list = []
+    m = settings.n * settings.candidates
+    while True:
+        keep = []
+        for pair in synthetic_pairs(m, seed, min_distance=lo, max_distance=hi, **common):
+            ov = overlap_ratio(pair, SCALE_VOXEL["indoor"])
+            if settings.overlap[0] <= ov <= settings.overlap[1]:
+                pair.meta["overlap"] = ov
+                keep.append(pair)
+                if len(keep) == settings.n:
+                    return keep
+        if m >= 64 * settings.n:
+            raise RuntimeError(f"only {len(keep)} of {m} candidate pairs had "
+                               f"{settings.overlap[0]:.0%}-{settings.overlap[1]:.0%} overlap")
+        m *= 2
+
+
+def cell_pairs(cell: Cell, settings: PairSettings, taken: set[int] | None = None) -> list:
+    """The cell's pairs. A synthetic world whose drive is too short for them (or, indoors, has too
+    few pairs in the overlap range) is replaced by the next free held-out seed (``cell.seed``
+    changes; ``cell.seeds_tried`` keeps the ones given up); ``taken``: seeds other cells hold."""
+    from s2h_ros.datasets.types import turned_pair
+
+    if cell.kind == "real":
+        if cell.dataset == "kitti-loop":
+            from s2h_ros.datasets.kitti import kitti_loop_pair
+
+            return [kitti_loop_pair()]
+        from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
+
+        return [threedmatch_demo_pair()]
+    taken = set(taken or ())
+    for attempt in range(settings.retries + 1):
+        try:
+            pairs = _draw(cell, settings, int(cell.seed))
+            break
+        except RuntimeError:
+            if attempt == settings.retries:
+                raise
+            cell.seeds_tried.append(int(cell.seed))
+            taken.add(int(cell.seed))
+            cell.seed = _next_free(int(cell.seed), taken)
+    if settings.turn is None:
+        return pairs
+    low, high = settings.turn
+    rng = np.random.default_rng([int(cell.seed), 7])
+    return [turned_pair(p, float(rng.choice([-1.0, 1.0]) * rng.uniform(low, high))) for p in pairs]
+
+
+# --------------------------------------------------------------------------------- run
+
+
+def _pair_meta(pair: Any) -> dict:
+    keep = ("dataset", "family", "sensor", "target_sensor", "seed", "frames", "distance", "turn_deg", "overlap")
+    return {k: pair.meta[k] for k in keep if k in pair.meta}
+
+
+def evaluate_matrix(cells: list[Cell], methods: dict[str, dict[str, Any]], settings: PairSettings,
+                    on_record: Callable[[dict], None], progress: bool = False,
+                    on_cell: Callable[[Cell, list[dict]], None] | None = None) -> None:
+    """Every cell's pairs through every method of its scale (``methods[scale][name]``); each pair
+    record (``evaluate_pairs``'s, plus ``cell``, ``scale``, ``data`` and the pair's ``meta``)
+    goes to ``on_record`` as it is made; ``on_cell`` sees each finished cell and its records."""
+    from s2h_ros.evaluation.harness import evaluate_pairs
+
+    synthetic = {c.seed for c in cells if c.seed is not None}
+    for cell in cells:
+        pairs = cell_pairs(cell, settings, synthetic - {cell.seed})
+        if cell.seed is not None:
+            synthetic.add(cell.seed)
+        metas = {p.name: _pair_meta(p) for p in pairs}
+        done: list[dict] = []
+
+        def tagged(record: dict, cell: Cell = cell, metas: dict = metas, done: list = done) -> None:
+            record.update(cell=cell.key, scale=cell.scale, data=cell.data, meta=metas.get(record["pair"], {}))
+            done.append(record)
+            on_record(record)
+
+        evaluate_pairs(methods[cell.scale], pairs, cell.threshold, progress=progress, on_record=tagged)
+        if on_cell is not None:
+            on_cell(cell, done)
+
+
+def summarize_matrix(cells: list[Cell], records: list[dict]) -> dict[str, dict[str, dict]]:
+    """``{cell key: {method: summary}}`` over the records made so far (cells without any left out);
+    each summary is ``summarize_method``'s plus ``gt_inlier_ratio_mean`` (S2H methods),
+    ``feature_kinds`` (the features s2h used there: fcgf, or fpfh where no weights apply) and
+    ``wrong_trusted`` (pairs the method reported as a success that are not registered)."""
+    from s2h_ros.evaluation.harness import summarize_records
+
+    out: dict[str, dict[str, dict]] = {}
+    for cell in cells:
+        mine = [r for r in records if r.get("cell") == cell.key]
+        if not mine:
+            continue
+        summary = summarize_records(mine, cell.threshold)
+        for name, s in summary.items():
+            s["gt_inlier_ratio_mean"] = s["info_mean"].get("gt_inlier_ratio")
+            own = [r for r in mine if r["method"] == name]
+            s["feature_kinds"] = sorted({r["info"].get("feature_kind") for r in own} - {None, ""})
+            s["wrong_trusted"] = sum(bool(r["success"]) and not r["registered"] for r in own)
+        out[cell.key] = summary
+    return out
+
+
+def cell_record(cell: Cell) -> dict:
+    """A cell as the JSON lists it."""
+    return {"key": cell.key, "kind": cell.kind, "scale": cell.scale, "data": cell.data, "dataset": cell.dataset,
+            "family": cell.family, "sensor": cell.sensor, "target_sensor": cell.target_sensor, "seed": cell.seed,
+            "seeds_tried": list(cell.seeds_tried), "threshold": vars(cell.threshold),
+            "voxel": SCALE_VOXEL[cell.scale]}
+
+
+def has_matches(method: str) -> bool:
+    """Methods whose records carry the ground-truth inlier fraction of their matches (s2h ones)."""
+    return method.split(":", 1)[0] == "s2h"
+
+
+def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
+    """Markdown: one row per cell; per method recall (%), mean RE (deg) and TE (cm) over the
+    registered pairs, for s2h methods the S2H matches' ground-truth inlier fraction and the pairs
+    reported as trusted that are wrong (FPFH + RANSAC trusts every result), and s / pair."""
+    from s2h_ros.evaluation.report import _fmt, markdown_table
+
+    header = ["cell", "data", "seed", "pairs"]
+    for m in methods:
+        header += [f"{m} recall (%)", f"{m} RE (deg)", f"{m} TE (cm)"]
+        header += [f"{m} inlier frac.", f"{m} wrong trusted"] if has_matches(m) else []
+        header += [f"{m} s/pair"]
+    rows = []
+    for cell in cells:
+        if cell.key not in summary:
+            continue
+        by_method = summary[cell.key]
+        pairs = max(s["pairs"] for s in by_method.values())
+        row = [cell.key, cell.data, "-" if cell.seed is None else str(cell.seed), str(pairs)]
+        for m in methods:
+            s = by_method.get(m)
+            if s is None:
+                row += ["-"] * (6 if has_matches(m) else 4)
+                continue
+            row += [_fmt(s["recall"], 100, 0), _fmt(s["re_mean_deg"]), _fmt(s["te_mean_m"], 100, 1)]
+            row += [_fmt(s["gt_inlier_ratio_mean"], 1, 3), str(s["wrong_trusted"])] if has_matches(m) else []
+            row += [_fmt(s["time_mean_s"], 1, 2)]
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def recall_grid(cells: list[Cell], summary: dict[str, dict[str, dict]],
+                methods: list[str]) -> tuple[list[str], np.ndarray]:
+    """(row labels, ``(cells, methods)`` recall in %, NaN where a method has no record)."""
+    keys = [c.key for c in cells if c.key in summary]
+    grid = np.full((len(keys), len(methods)), np.nan)
+    for i, key in enumerate(keys):
+        for j, m in enumerate(methods):
+            if m in summary[key]:
+                grid[i, j] = 100.0 * summary[key][m]["recall"]
+    return keys, grid
+

@@ -1,0 +1,213 @@
+"""The evaluation matrix (`s2h eval --dataset matrix`): cells, held-out seeds, mixed-sensor and
+indoor pairs, ground-truth inlier fractions, and the JSON / Markdown / heat-map outputs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from s2h_ros.commands.eval import MATRIX_DEFAULTS
+from s2h_ros.evaluation import matrix as mx
+from s2h_ros.evaluation.harness import run_pair, truth_inliers
+from s2h_ros.evaluation.methods import MethodResult
+
+S2H = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "s2h")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_parser_defaults_match_the_library_defaults():
+    assert MATRIX_DEFAULTS == {
+        "sensors": mx.OUTDOOR_SENSORS, "families": mx.OUTDOOR_FAMILIES, "indoor_sensors": mx.INDOOR_SENSORS,
+        "indoor_families": mx.INDOOR_FAMILIES, "mixed": mx.MIXED, "mixed_families": mx.MIXED_FAMILIES,
+        "real": mx.REAL}
+
+
+def test_default_matrix_cells_have_distinct_held_out_seeds_and_the_real_rows():
+    cells = mx.matrix_cells(0)
+    keys = [c.key for c in cells]
+    outdoor = [c for c in cells if c.kind == "sensor" and c.scale == "outdoor"]
+    assert len(outdoor) == len(mx.OUTDOOR_SENSORS) * len(mx.OUTDOOR_FAMILIES)
+    assert {c.key for c in cells if c.scale == "indoor" and c.kind == "sensor"} == {
+        "depth_camera/rooms", "depth_camera/office", "depth_camera/warehouse"}
+    assert keys[-2:] == ["real/kitti-loop", "real/3dmatch-demo"]
+    assert [c.seed for c in cells[-2:]] == [None, None]
+    seeds = [c.seed for c in cells if c.kind != "real"]
+    assert all(0 <= s < 1000 for s in seeds)
+    assert len(set(seeds)) == len(seeds)
+    mixed = [c for c in cells if c.kind == "mixed"]
+    assert len(mixed) == len(mx.MIXED) * len(mx.MIXED_FAMILIES)
+    assert all(c.sensor != c.target_sensor for c in mixed)
+    # a cell keeps its world when the matrix around it changes; another base seed moves every world
+    alone = mx.matrix_cells(0, sensors="os1_64", families="tunnel", indoor_sensors="", mixed="", real="")
+    assert alone[0].seed == next(c.seed for c in cells if c.key == "os1_64/tunnel")
+    other = {c.key: c.seed for c in mx.matrix_cells(1)}
+    assert sum(other[c.key] != c.seed for c in cells if c.seed is not None) >= len(seeds) - 2
+
+
+def test_colliding_cell_seeds_move_on_to_a_free_one(monkeypatch):
+    monkeypatch.setattr(mx, "cell_seed", lambda base, key: 999)
+    cells = mx.matrix_cells(0, sensors="vlp16,hdl32", families="town,highway", indoor_sensors="", mixed="",
+                            real="")
+    assert [c.seed for c in cells] == [999, 0, 1, 2]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sensors": "vlp99"}, "unknown sensor vlp99"),
+    ({"families": "town,rooms"}, "must be outdoor families"),
+    ({"indoor_families": "tunnel"}, "must be indoor families"),
+    ({"mixed": "vlp16"}, "SOURCE:TARGET"),
+    ({"mixed": "vlp16:vlp16"}, "two different sensors"),
+    ({"real": "kitti-pairs"}, "unknown real pair"),
+])
+def test_bad_cell_lists_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mx.matrix_cells(0, **kwargs)
+
+
+def test_mixed_sensor_pair_is_each_sensors_own_scan_of_the_same_frames():
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+
+    mixed = synthetic_pairs(1, 77, sensor="vlp16", target_sensor="os1_128")[0]
+    src_only = synthetic_pairs(1, 77, sensor="vlp16")[0]
+    tgt_only = synthetic_pairs(1, 77, sensor="os1_128")[0]
+    assert mixed.meta["sensor"] == "vlp16" and mixed.meta["target_sensor"] == "os1_128"
+    assert "target_sensor" not in src_only.meta
+    np.testing.assert_array_equal(mixed.source, src_only.source)
+    np.testing.assert_array_equal(mixed.target, tgt_only.target)
+    np.testing.assert_allclose(mixed.T_gt, src_only.T_gt, atol=1e-12)
+    assert not np.array_equal(mixed.target, src_only.target)
+    assert len(mixed.target) > 4 * len(mixed.source)  # 128 beams x 2048 against 16 x 1800
+
+
+def test_indoor_cell_pairs_lie_in_the_overlap_range_and_are_turned():
+    cell = mx.matrix_cells(3, sensors="", indoor_families="office", mixed="", real="")[0]
+    assert (cell.key, cell.scale, cell.threshold.te_m) == ("depth_camera/office", "indoor", 0.3)
+    pairs = mx.cell_pairs(cell, mx.PairSettings(n=2, turn=(90.0, 180.0)))
+    assert len(pairs) == 2
+    for pair in pairs:
+        assert 0.3 <= mx.overlap_ratio(pair) <= 0.6  # measured again on the turned pair
+        assert 1.0 <= pair.meta["distance"] <= 3.0
+        assert 90.0 <= abs(pair.meta["turn_deg"]) <= 180.0
+        assert pair.meta["seed"] == cell.seed
+
+
+def test_truth_inliers_count_the_matches_the_true_transform_confirms():
+    rng = np.random.default_rng(0)
+    T = np.eye(4)
+    T[:3, :3] = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    T[:3, 3] = [5.0, -2.0, 0.5]
+    src = rng.uniform(-10, 10, (40, 3))
+    tgt = src @ T[:3, :3].T + T[:3, 3]
+    tgt[:10] += [0.0, 0.0, 1.0]  # 10 of 40 matches 1 m off
+    result = MethodResult(np.eye(4), True, matches=np.stack([src, tgt], axis=1), match_inlier_distance=0.6)
+    assert truth_inliers(result, T) == {"gt_inliers": 30, "gt_inlier_ratio": 0.75}
+    assert truth_inliers(MethodResult(np.eye(4), True), T) == {}
+
+
+def test_s2h_records_the_ground_truth_inlier_fraction_of_its_matches():
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+    from s2h_ros.evaluation.methods import make_method
+
+    pair = synthetic_pairs(1, 5, sensor="vlp16")[0]
+    method = make_method("s2h:heading_hypotheses=1", "outdoor")
+    _, record = run_pair(method, pair)
+    info = record["info"]
+    assert 0 < info["gt_inliers"] <= info["correspondences"]
+    assert info["gt_inlier_ratio"] == pytest.approx(info["gt_inliers"] / info["correspondences"])
+    # a wrong truth confirms (almost) none of them
+    wrong = pair.T_gt.copy()
+    wrong[:3, 3] += [8.0, 0.0, 0.0]
+    moved = type(pair)(pair.source, pair.target, wrong, pair.name)
+    _, record = run_pair(method, moved)
+    assert record["info"]["gt_inlier_ratio"] < 0.5 * info["gt_inlier_ratio"]
+
+
+def test_recall_grid_and_heat_map(tmp_path):
+    from s2h_ros.evaluation.plots import recall_heatmap
+
+    cells = mx.matrix_cells(0, sensors="vlp16", families="town,tunnel", indoor_sensors="", mixed="", real="")
+    summary = {"vlp16/town": {"a": {"recall": 1.0}, "b": {"recall": 0.5}}, "vlp16/tunnel": {"a": {"recall": 0.0}}}
+    rows, grid = mx.recall_grid(cells, summary, ["a", "b"])
+    assert rows == ["vlp16/town", "vlp16/tunnel"]
+    np.testing.assert_array_equal(grid[:, 0], [100.0, 0.0])
+    assert grid[0, 1] == 50.0 and np.isnan(grid[1, 1])
+    png = recall_heatmap(rows, ["a", "b"], grid, tmp_path / "h.png")
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_matrix_command_writes_json_markdown_heat_map_and_streamed_records(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [S2H, "eval", "--dataset", "matrix", "--sensors", "vlp16,hdl32", "--families", "town,highway",
+         "--indoor-sensors", "", "--mixed", "vlp16:hdl32", "--mixed-families", "town", "--real", "",
+         "--pairs-per-cell", "1", "--seed", "4", "--methods", "fpfh_ransac", "--threads", "1", "--no-progress",
+         "--json", str(out / "m.json"), "--markdown", str(out / "m.md"), "--jsonl", str(out / "m.jsonl"),
+         "--plots", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    keys = ["vlp16/town", "vlp16/highway", "hdl32/town", "hdl32/highway", "vlp16>hdl32/town"]
+    result = json.loads((out / "m.json").read_text())
+    cells = {c["key"]: c for c in result["cells"]}
+    assert list(cells) == keys
+    seeds = [c["seed"] for c in cells.values()]
+    assert all(0 <= s < 1000 for s in seeds) and len(set(seeds)) == len(seeds)
+    assert seeds == [mx.cell_seed(4, k) for k in keys]  # no collision among these five
+    assert len(result["pairs"]) == len(keys)
+    for record in result["pairs"]:
+        meta, cell = record["meta"], cells[record["cell"]]
+        assert record["method"] == "fpfh_ransac" and record["data"] == "held-out sim"
+        assert meta["seed"] == cell["seed"] and meta["family"] == cell["family"]
+        assert 10.0 <= meta["distance"] <= 20.0 and abs(meta["turn_deg"]) <= 180.0
+        assert meta["sensor"] == cell["sensor"]
+    mixed = next(r for r in result["pairs"] if r["cell"] == "vlp16>hdl32/town")["meta"]
+    assert (mixed["sensor"], mixed["target_sensor"]) == ("vlp16", "hdl32")
+    assert set(result["summary"]) == set(keys)
+    assert all(set(s) == {"fpfh_ransac"} for s in result["summary"].values())
+    assert result["machine"]["threads"] == 1 and result["pair_settings"]["turn"] == [0.0, 180.0]
+    streamed = [json.loads(line) for line in (out / "m.jsonl").read_text().splitlines()]
+    assert [(r["cell"], r["pair"]) for r in streamed] == [(r["cell"], r["pair"]) for r in result["pairs"]]
+    table = (out / "m.md").read_text()
+    assert table == result["table"] and table in proc.stdout
+    lines = table.splitlines()
+    assert "fpfh_ransac recall (%)" in lines[0] and "fpfh_ransac s/pair" in lines[0]
+    assert "inlier frac." not in lines[0]  # FPFH + RANSAC has no S2H matches
+    assert [ln.split("|")[1].strip() for ln in lines[2:]] == keys
+    assert [ln.split("|")[3].strip() for ln in lines[2:]] == [str(s) for s in seeds]
+    png = out / "matrix_recall.png"
+    assert result["plots"] == [str(png)] and png.read_bytes().startswith(PNG_MAGIC)
+    assert proc.stderr.count("registered") == len(keys)  # one line per finished cell
+
+
+def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cell():
+    cells = mx.matrix_cells(0, sensors="vlp16", families="town,tunnel", indoor_sensors="", mixed="", real="")
+
+    def record(cell, method, ok, success, ratio=None, wall=1.0):
+        info = {"feature_kind": "fcgf"} if method == "s2h" else {}
+        if ratio is not None:
+            info["gt_inlier_ratio"] = ratio
+        return {"cell": cell, "method": method, "pair": "p", "re_deg": 0.1 if ok else 90.0,
+                "te_m": 0.05 if ok else 9.0, "registered": ok, "success": success, "error": None,
+                "wall_s": wall, "peak_rss_mb": 1.0, "cuda_peak_mb": None, "timings": {}, "info": info}
+
+    records = [record("vlp16/town", "s2h", True, True, 0.2, 2.0), record("vlp16/town", "s2h", True, False, 0.1, 4.0),
+               record("vlp16/town", "fpfh_ransac", False, True),
+               record("vlp16/tunnel", "s2h", False, True, 0.0), record("vlp16/tunnel", "s2h", False, False, 0.0),
+               record("vlp16/tunnel", "fpfh_ransac", False, True)]
+    summary = mx.summarize_matrix(cells, records)
+    town, tunnel = summary["vlp16/town"], summary["vlp16/tunnel"]
+    assert town["s2h"]["recall"] == 1.0 and town["s2h"]["gt_inlier_ratio_mean"] == pytest.approx(0.15)
+    assert (town["s2h"]["wrong_trusted"], tunnel["s2h"]["wrong_trusted"], tunnel["fpfh_ransac"]["wrong_trusted"]) \
+        == (0, 1, 1)
+    assert town["s2h"]["feature_kinds"] == ["fcgf"] and town["fpfh_ransac"]["gt_inlier_ratio_mean"] is None
+    lines = mx.matrix_table(cells, summary, ["s2h", "fpfh_ransac"]).splitlines()
+    header = [h.strip() for h in lines[0].split("|")[1:-1]]
+    town_row = dict(zip(header, [v.strip() for v in lines[2].split("|")[1:-1]]))
+    tunnel_row = dict(zip(header, [v.strip() for v in lines[3].split("|")[1:-1]]))
+    assert town_row["s2h recall (%)"] == "100" and town_row["s2h inlier frac."] == "0.150"
+    assert town_row["s2h s/pair"] == "3.00" and town_row["fpfh_ransac recall (%)"] == "0"
+    assert tunnel_row["s2h wrong trusted"] == "1" and tunnel_row["s2h RE (deg)"] == "-"
+    assert "fpfh_ransac inlier frac." not in header
