@@ -121,7 +121,9 @@ def test_degenerate_scenes_have_a_free_direction_below_the_threshold(name, senso
     assert d.eigenvalue < MIN_CONSTRAINT / 2, (name, sensor, d.eigenvalue, d.describe())
     if name != "open_field":  # along the tube / between the walls; the field leaves x, y and yaw free
         assert _about_x(d), d.describe()
-    assert d.eigenvalues[-1] > 0.5  # the constrained directions (the ground's z) are well constrained
+    # the constrained translations are well constrained (a tube's radial normals share y and z:
+    # 0.35 each after rotation has absorbed what it can; the ground's z: above 0.5)
+    assert d.eigenvalues[-1] > 0.25, d.eigenvalues
 
 
 def test_the_measure_is_scale_free_and_a_closed_box_constrains_everything(rng):
