@@ -105,30 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------------------- data
 
 
-class PrefixSequence:
-    """The first ``n`` scans of a sequence."""
-
-    def __init__(self, sequence: Any, n: int):
-        self._seq, self._n = sequence, min(n, len(sequence))
-        self.name = f"{sequence.name}[:{self._n}]"
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i: int):
-        if not 0 <= i < self._n:
-            raise IndexError(i)
-        return self._seq[i]
-
-    def __iter__(self):
-        return (self._seq[i] for i in range(self._n))
-
-    @property
-    def poses(self) -> np.ndarray | None:
-        poses = self._seq.poses
-        return None if poses is None else poses[: self._n]
-
-
 class DrivePairs:
     """Pairs along one simulated drive, rendered lazily: a source scan every ``spacing`` metres of
     path, its target the first later scan at least ``min_distance`` away (straight line).
@@ -257,7 +233,12 @@ def load_sequence(args: argparse.Namespace) -> Any:
         seq = RosbagSequence(_need_root(args, "rosbag2 folder or file"), args.topic, max_scans=args.limit)
     else:
         raise SystemExit(f"s2h eval: --dataset {args.dataset} has pairs, not a sequence")
-    return PrefixSequence(seq, args.limit) if args.limit is not None else seq
+    if args.limit is None:
+        return seq
+    from s2h_ros.datasets.types import SubSequence
+
+    n = min(args.limit, len(seq))
+    return SubSequence(seq, list(range(n)), name=f"{seq.name}[:{n}]")
 
 
 # ----------------------------------------------------------------------------- methods
