@@ -36,7 +36,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(RegistrationConfig):
         typ = {"float": float, "int": int, "str": str, "bool": _bool}[f.type if isinstance(f.type, str) else f.type.__name__]
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}", type=typ, default=None,
-                           help=f"{f.metadata.get('description', '')} (default: {f.default})")
+                           help=f"{f.metadata.get('description', '')} (default: {f.default})".replace("%", "%%"))
 
 
 def config_from_args(args: argparse.Namespace, **defaults) -> RegistrationConfig:
