@@ -215,20 +215,9 @@ class KeyframeOdometry:
         OS1-64 highway, seed 48, scan 30: tracking slid 0.47 m along the road on a few poles while
         ICP from the prediction stayed 0.07 m from the truth, both at fitness 0.65.)"""
         icp = self.registrar.refine(prepared, keyframe.cloud, prior, tracking.correspondences)
-        margin = self.cfg.ambiguity_margin
-        if not icp.success or self._agree(icp.transform, tracking.transform) \
-                or tracking.fitness_fine >= icp.fitness_fine + margin:
+        if not icp.success or self._agree(icp.transform, tracking.transform):
             return _with_timings(tracking, icp)
-        within = f"within {self.registrar.config.inlier_distance / 2:.2f} m"
-        if icp.fitness_fine >= tracking.fitness_fine + margin:
-            icp.message = (f"ICP from the motion prior explains the scan better than tracking "
-                           f"({icp.fitness_fine:.2f} vs {tracking.fitness_fine:.2f} {within})")
-            return _with_timings(icp, tracking)
-        moved = float(np.linalg.norm(icp.transform[:3, 3] - tracking.transform[:3, 3]))
-        tracking.success = False
-        tracking.message = (f"ambiguous: tracking and ICP from the motion prior differ by {moved:.2f} m but explain "
-                            f"the scan alike ({tracking.fitness_fine:.2f} vs {icp.fitness_fine:.2f} {within})")
-        return _with_timings(tracking, icp)
+        return self._clearer(tracking, icp, _HYPOTHESIS["prior"], _HYPOTHESIS["icp"])
 
     def _arbitrate(self, global_: RegistrationResult, local: RegistrationResult,
                    prior_trusted: bool) -> RegistrationResult:
@@ -244,19 +233,26 @@ class KeyframeOdometry:
             return global_
         if not local.success or self._agree(global_.transform, local.transform):
             return _with_timings(global_, local)
+        return self._clearer(global_, local, "the global search", name, second_may_win=prior_trusted)
+
+    def _clearer(self, first: RegistrationResult, second: RegistrationResult, first_name: str, second_name: str,
+                 second_may_win: bool = True) -> RegistrationResult:
+        """Two verified hypotheses that disagree: the clearer explanation of the scan
+        (``fitness_fine``, by ``ambiguity_margin``) wins, ``second`` only if ``second_may_win``;
+        alike, ``first`` comes back not trusted, saying how far apart the two are."""
         margin = self.cfg.ambiguity_margin
         within = f"within {self.registrar.config.inlier_distance / 2:.2f} m"
-        if global_.fitness_fine >= local.fitness_fine + margin:
-            return _with_timings(global_, local)
-        if local.fitness_fine >= global_.fitness_fine + margin and prior_trusted:
-            local.message = (f"{name} explains the scan better than the global search "
-                             f"({local.fitness_fine:.2f} vs {global_.fitness_fine:.2f} {within})")
-            return _with_timings(local, global_)
-        moved = float(np.linalg.norm(global_.transform[:3, 3] - local.transform[:3, 3]))
-        global_.success = False
-        global_.message = (f"ambiguous: the global search and {name} differ by {moved:.2f} m but explain the "
-                           f"scan alike ({global_.fitness_fine:.2f} vs {local.fitness_fine:.2f} {within})")
-        return _with_timings(global_, local)
+        if first.fitness_fine >= second.fitness_fine + margin:
+            return _with_timings(first, second)
+        if second.fitness_fine >= first.fitness_fine + margin and second_may_win:
+            second.message = (f"{second_name} explains the scan better than {first_name} "
+                              f"({second.fitness_fine:.2f} vs {first.fitness_fine:.2f} {within})")
+            return _with_timings(second, first)
+        moved = float(np.linalg.norm(first.transform[:3, 3] - second.transform[:3, 3]))
+        first.success = False
+        first.message = (f"ambiguous: {first_name} and {second_name} differ by {moved:.2f} m but explain the "
+                         f"scan alike ({first.fitness_fine:.2f} vs {second.fitness_fine:.2f} {within})")
+        return _with_timings(first, second)
 
     def _reproduced(self, prepared: PreparedCloud, target: PreparedCloud,
                     result: RegistrationResult) -> RegistrationResult:
