@@ -70,6 +70,10 @@ def run_replay(node: SequenceReplayer, prog: str = "kitti_replay", baselines: tu
         return exit_status(stopped_by[0]) if stopped_by else status
     finally:
         executor.shutdown()
+        # spin() returns once the executor is shut down; a daemon thread still inside rcl's wait
+        # when the interpreter exits aborts the process ("terminate called without an active
+        # exception", seen once in CI after all outputs were written)
+        spinner.join(timeout=10.0)
         node.destroy_node()
         rclpy.try_shutdown()
 
