@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -681,32 +681,38 @@ def verify(
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
 
 
-def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray,
-                        cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class PlaneRows(NamedTuple):
+    """The point-to-plane terms at a transform (:func:`point_to_plane_rows`), one row per matched
+    source voxel."""
+
+    points: np.ndarray  # (m, 3) moved source voxels p, target local frame
+    normals: np.ndarray  # (m, 3) unit normal n of the nearest target voxel q
+    residuals: np.ndarray  # (m,) r = n . (p - q)
+    target_index: np.ndarray  # (m,) int64 index of q in the target's voxels
+
+
+def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig) -> PlaneRows:
     """The point-to-plane terms at ``T``: each source voxel with a target voxel within
-    ``inlier_distance`` gives its moved position ``p`` (target local frame), that target voxel's
-    unit normal ``n`` and the residual ``r = n . (p - q)``: ``(m, 3)``, ``(m, 3)``, ``(m,)``."""
+    ``inlier_distance`` gives a row (:class:`PlaneRows`)."""
     moved = geometry.apply_transform(T, src.astype(np.float64))
     dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     ok = np.isfinite(dist)
-    p, n = moved[ok], target.normals(cfg.voxel_size)[idx[ok]]
-    return p, n, np.einsum("ij,ij->i", n, p - target.xyz[idx[ok]])
+    p, q = moved[ok], idx[ok]
+    n = target.normals(cfg.voxel_size)[q]
+    return PlaneRows(p, n, np.einsum("ij,ij->i", n, p - target.xyz[q]), q)
 
 
-def alignment_degeneracy(target: PreparedCloud, cfg: RegistrationConfig,
-                         rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Degeneracy:
+def alignment_degeneracy(target: PreparedCloud, cfg: RegistrationConfig, rows: PlaneRows) -> Degeneracy:
     """The weakest direction (:func:`s2h_ros.degeneracy.weakest_direction`) of the point-to-plane
-    ``rows`` (:func:`point_to_plane_rows`) against ``target``, each row weighted by the planarity
-    of its target voxel's neighbourhood (only surfaces count: s2h_ros.degeneracy)."""
-    p, n, _ = rows
-    if len(p) == 0:
-        return weakest_direction(p, n)
-    _, idx = target.kdtree().query(p, workers=-1)  # the nearest target voxel: the row's normal
-    return weakest_direction(p, n, target.planarity(cfg.voxel_size)[idx])
+    ``rows`` against ``target``, each row weighted by the planarity of its target voxel's
+    neighbourhood (only surfaces count: s2h_ros.degeneracy)."""
+    if len(rows.points) == 0:
+        return weakest_direction(rows.points, rows.normals)
+    return weakest_direction(rows.points, rows.normals, target.planarity(cfg.voxel_size)[rows.target_index])
 
 
 def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig,
-                         rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                         rows: PlaneRows | None = None) -> np.ndarray:
     """``(6, 6)`` covariance of ``T`` from the point-to-plane normal equations at the result.
 
     Each source voxel with a target voxel within ``inlier_distance`` gives a residual
@@ -719,7 +725,7 @@ def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, 
     :func:`s2h_ros.degeneracy.weakest_direction`'s question. ``rows``: :func:`point_to_plane_rows`
     when already computed.
     """
-    p, n, r = rows if rows is not None else point_to_plane_rows(src, target, T, cfg)
+    p, n, r, _ = rows if rows is not None else point_to_plane_rows(src, target, T, cfg)
     if len(r) < 7:
         return np.diag([1e6] * 6)
     J = np.hstack([n, np.cross(p, n)])

@@ -229,5 +229,5 @@ def test_sensor_fixed_scan_lines_do_not_count_as_constraints(registrar):
     # Every row alike (the measure before): above the gate, so this wrong result was trusted.
     src, tgt = registrar.prepare(seq[12].points), registrar.prepare(seq[6].points)
     T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
-    p, n, _ = point_to_plane_rows(src.xyz, tgt, T, registrar.config)
-    assert weakest_direction(p, n).eigenvalue > MIN_CONSTRAINT
+    rows = point_to_plane_rows(src.xyz, tgt, T, registrar.config)
+    assert weakest_direction(rows.points, rows.normals).eigenvalue > MIN_CONSTRAINT

@@ -201,11 +201,9 @@ class _TurnedPairs:
         return len(self.pairs)
 
     def __iter__(self):
-        from s2h_ros.datasets.types import turned_pair
+        from s2h_ros.datasets.types import turned_pairs
 
-        rng = np.random.default_rng([self.seed, 7])
-        for pair in self.pairs:
-            yield turned_pair(pair, float(rng.choice([-1.0, 1.0]) * rng.uniform(self.low, self.high)))
+        return turned_pairs(self.pairs, self.low, self.high, self.seed)
 
 
 def _turned(pairs: Any, args: argparse.Namespace) -> Any:

@@ -6,7 +6,7 @@ evaluation harness, training and replay never care where data came from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -31,6 +31,14 @@ def turned_pair(pair: PointCloudPair, heading_deg: float) -> PointCloudPair:
     source = geometry.apply_transform(turn, np.asarray(pair.source, dtype=np.float64)).astype(pair.source.dtype)
     return PointCloudPair(source, pair.target, pair.T_gt @ geometry.invert_transform(turn), pair.name,
                           {**pair.meta, "turn_deg": heading_deg})
+
+
+def turned_pairs(pairs: Iterable[PointCloudPair], low: float, high: float, seed: int) -> Iterator[PointCloudPair]:
+    """Each pair turned (:func:`turned_pair`) by a heading of ``low``-``high`` deg either way,
+    drawn in order from a generator seeded by ``seed``: the same turns for the same seed."""
+    rng = np.random.default_rng([int(seed), 7])
+    for pair in pairs:
+        yield turned_pair(pair, float(rng.choice([-1.0, 1.0]) * rng.uniform(low, high)))
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from s2h_ros.datasets.types import PointCloudPair, Scan, Sequence
 from s2h_ros.evaluation.metrics import RecallThreshold, pair_errors, sequence_metrics, summarize_pairs
-from s2h_ros.geometry import invert_transform
+from s2h_ros.geometry import apply_transform, invert_transform
 
 # ------------------------------------------------------------------------------- memory
 
@@ -177,8 +177,7 @@ def truth_inliers(result: Any, T_gt: np.ndarray) -> dict[str, float]:
     if matches is None or distance is None or len(matches) == 0:
         return {}
     matches = np.asarray(matches, dtype=np.float64)
-    T = np.asarray(T_gt, dtype=np.float64)
-    moved = matches[:, 0] @ T[:3, :3].T + T[:3, 3]
+    moved = apply_transform(np.asarray(T_gt, dtype=np.float64), matches[:, 0])
     inliers = int(np.count_nonzero(np.linalg.norm(moved - matches[:, 1], axis=1) < distance))
     return {"gt_inliers": inliers, "gt_inlier_ratio": inliers / len(matches)}
 

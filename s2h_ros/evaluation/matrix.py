@@ -138,11 +138,10 @@ def overlap_ratio(pair: Any, voxel: float = 0.05) -> float:
     of the other cloud (after ``T_gt``); the smaller of the two."""
     from scipy.spatial import cKDTree
 
-    from s2h_ros.geometry import apply_transform
+    from s2h_ros.geometry import apply_transform, voxel_downsample
 
     def grid(points: np.ndarray) -> np.ndarray:
-        keys = np.floor(points / voxel).astype(np.int64)
-        return points[np.unique(keys, axis=0, return_index=True)[1]]
+        return points[voxel_downsample(points, voxel)] if len(points) else points
 
     src = grid(apply_transform(np.asarray(pair.T_gt, np.float64), np.asarray(pair.source, np.float64)))
     tgt = grid(np.asarray(pair.target, np.float64))
@@ -196,7 +195,7 @@ def cell_pairs(cell: Cell, settings: PairSettings, taken: set[int] | None = None
     """The cell's pairs. A synthetic world whose drive is too short for them (or, indoors, has too
     few pairs in the overlap range) is replaced by the next free held-out seed (``cell.seed``
     changes; ``cell.seeds_tried`` keeps the ones given up); ``taken``: seeds other cells hold."""
-    from s2h_ros.datasets.types import turned_pair
+    from s2h_ros.datasets.types import turned_pairs
 
     if cell.kind == "real":
         if cell.dataset == "kitti-loop":
@@ -220,8 +219,7 @@ def cell_pairs(cell: Cell, settings: PairSettings, taken: set[int] | None = None
     if settings.turn is None:
         return pairs
     low, high = settings.turn
-    rng = np.random.default_rng([int(cell.seed), 7])
-    return [turned_pair(p, float(rng.choice([-1.0, 1.0]) * rng.uniform(low, high))) for p in pairs]
+    return list(turned_pairs(pairs, low, high, cell.seed))
 
 
 # --------------------------------------------------------------------------------- run

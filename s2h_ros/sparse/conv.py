@@ -44,7 +44,7 @@ def _conv_by_table(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap) -
     table, ids = kmap.neighbour_table()
     padded = torch.cat([feats, feats.new_zeros(1, feats.shape[1])])  # row n_in: "no input"
     gathered = padded[table].reshape(kmap.n_out, -1)  # (N_out, K' C_in)
-    stacked = kernel[torch.as_tensor(ids, dtype=torch.long, device=kernel.device)].reshape(-1, kernel.shape[-1])
+    stacked = kernel[ids].reshape(-1, kernel.shape[-1])
     return gathered @ stacked
 
 

@@ -118,7 +118,7 @@ class KernelMap:
     identity: int | None = None  # offset k with in == out row for every row (centre of a stride-1 map)
     device: torch.device | None = None  # where the index tensors live
     _transposed: KernelMap | None = field(default=None, repr=False)
-    _table: tuple[torch.Tensor, list[int]] | None = field(default=None, repr=False)
+    _table: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def transposed(self) -> KernelMap:
         """The same pairs read backwards (transposed convolution), built once."""
@@ -127,10 +127,11 @@ class KernelMap:
                                          self.identity, self.device)
         return self._transposed
 
-    def neighbour_table(self) -> tuple[torch.Tensor, list[int]]:
+    def neighbour_table(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(N_out, K') int64`` input row of every output row per occupied offset (``n_in`` where
-        none) and the K' offsets' kernel ids, the centre included: each (output, offset) has at
-        most one input, so a convolution is one gather and one matmul (``sparse_conv``). Built once."""
+        none) and the K' offsets' kernel ids ``(K',) int64``, the centre included, both on the
+        map's device: each (output, offset) has at most one input, so a convolution is one gather
+        and one matmul (``sparse_conv``). Built once."""
         if self._table is None:
             ids = list(self.kernel_ids)
             ins, outs = list(self.in_idx), list(self.out_idx)
@@ -142,7 +143,7 @@ class KernelMap:
                 column = torch.repeat_interleave(torch.arange(len(ids), device=self.device),
                                                  torch.tensor([len(i) for i in ins], device=self.device))
                 table[torch.cat(outs), column] = torch.cat(ins)
-            self._table = (table, ids)
+            self._table = (table, torch.tensor(ids, dtype=torch.long, device=self.device))
         return self._table
 
     def __len__(self) -> int:
