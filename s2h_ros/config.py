@@ -52,10 +52,10 @@ class RegistrationConfig:
     heading_hypotheses: int = field(default=4, metadata=_meta("global search with learned features: source headings tried about the cloud's z axis (z up, REP-103), as given first, then the turn-around, each refined and verified, until one is trusted with at least 10 % of its matches inliers; the trusted one with most inliers wins, else the highest fitness (4: 0/180/90/270 deg, any relative heading for features trained within +-45 deg; measured on held-out pairs at 90-180 deg, 4 lidar presets: 12 -> 40 of 40 right; 1: as given only)", 1, 36))
     min_matches: int = field(default=300, metadata=_meta("fewer S2H matches than this: H-step again with the authors' constant outlier profit (safeguard when the calibrated rule keeps too few pairs)", 0, 1_000_000))
 
-    use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the 6-D inlier network when weights provide one"))
+    use_inlier_model: bool = field(default=True, metadata=_meta("weight correspondences with the learned inlier network when the weights provide one (the shipped weights do: the context inlier network), then weighted Procrustes; false: RANSAC on the matches"))
     weight_floor: float = field(default=0.05, metadata=_meta("inlier weights below this are zeroed (DGR)", 0.0, 1.0))
-    safeguard_min_weight: float = field(default=30.0, metadata=_meta("below max(this, safeguard_ratio * source voxels) of weight sum: RANSAC fallback (DGR)", 0.0, 1e6))
-    safeguard_ratio: float = field(default=0.05, metadata=_meta("see safeguard_min_weight", 0.0, 1.0))
+    safeguard_min_weight: float = field(default=30.0, metadata=_meta("DGR's safeguard: below max(this, safeguard_ratio * source voxels) of inlier weight sum, RANSAC estimates the transform instead; RANSAC also re-estimates when no learned estimate is trusted (RegistrationResult.fallback says which)", 0.0, 1e6))
+    safeguard_ratio: float = field(default=0.0, metadata=_meta("see safeguard_min_weight; 0 because the context network's weight sums do not tell its failures apart (validation: right-heading weight sums 10th percentile about 115, failures anywhere from 24 to 590; docs/training.md)", 0.0, 1.0))
     ransac_iters: int = field(default=50000, metadata=_meta("RANSAC iterations of the safeguard fallback", 100, 10_000_000))
 
     refine: str = field(default="icp", metadata=_meta("refinement after Procrustes: icp (robust point-to-plane) or none"))
@@ -86,6 +86,7 @@ class OdometryConfig:
     keyframe_distance: float = field(default=5.0, metadata=_meta("new keyframe after this much travel from the current one (m)", 0.0, 1e4))
     keyframe_rotation_deg: float = field(default=20.0, metadata=_meta("new keyframe after this much rotation (deg)", 0.0, 360.0))
     keyframe_min_inlier_ratio: float = field(default=0.3, metadata=_meta("new keyframe when the inlier ratio falls below this", 0.0, 1.0))
+    keyframe_min_fitness: float = field(default=0.6, metadata=_meta("new keyframe when the fitness falls below this, before it reaches registration.min_fitness: a sparse sensor's overlap with its keyframe shrinks fast (held-out VLP-16 drive, 2 m steps: fitness 0.79, 0.70, 0.62, 0.54, then 0.49 and lost)", 0.0, 1.0))
     max_failures: int = field(default=3, metadata=_meta("consecutive failed scans before tracking counts as lost: relocalisation against the kept keyframes, else a new segment", 1, 1000))
     min_points: int = field(default=100, metadata=_meta("scans with fewer valid points are rejected", 3, 10_000_000))
     tracking: bool = field(default=True, metadata=_meta("while the motion prior is trusted, S2H candidates come from around each voxel's predicted position (fast); the global feature search runs at start-up, after failures, gaps and relocalisation"))

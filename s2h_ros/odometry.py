@@ -228,7 +228,7 @@ class KeyframeOdometry:
         if not global_.success:
             if local.success and prior_trusted:
                 local.message = f"the global search is not trusted; {name} is verified"
-                local.used_fallback = True
+                local.used_fallback, local.fallback = True, f"the global search is not trusted; {name} stands"
                 return _with_timings(local, global_)
             return global_
         if not local.success or self._agree(global_.transform, local.transform):
@@ -384,6 +384,7 @@ class KeyframeOdometry:
             moved >= self.cfg.keyframe_distance
             or angle >= self.cfg.keyframe_rotation_deg
             or result.inlier_ratio < self.cfg.keyframe_min_inlier_ratio
+            or result.fitness < self.cfg.keyframe_min_fitness
         )
 
     def _failed(self, index: int, stamp: float, message: str, result: RegistrationResult | None) -> OdometryStep:

@@ -1,9 +1,11 @@
 """SHM_DGR: register a source cloud to a target cloud.
 
 voxelise -> features (FCGF, or FPFH where no weights fit) -> S2H matching (S-step on a feature
-k-NN support, exact H-step) -> inlier weights (DGR's 6-D network when the weights carry one) ->
-weighted Procrustes -> safeguard (RANSAC on the correspondences when the weight sum is too small)
--> robust ICP refinement -> success test.
+k-NN support, exact H-step) -> inlier weights (the weights' inlier network: the shipped context
+network, or DGR's 6-D one) -> weighted Procrustes -> robust ICP refinement -> success test, with
+DGR's safeguard: RANSAC on the same correspondences when the weight sum is too small, when the
+weights carry no inlier network (or FPFH features are in use), and when no learned estimate of
+any heading hypothesis was trusted (``RegistrationResult.fallback`` names which).
 
 ``Registrar`` holds the networks and a prepared-cloud cache, so a keyframe's features are
 computed once and reused; ``register()`` is the one-call entry of the design contract.
@@ -117,7 +119,8 @@ class RegistrationResult:
     search: str = "global"  # candidate search: global (feature k-NN), prior (tracking) or icp (refine only)
     heading_deg: float = 0.0  # source heading hypothesis (about z) whose features found the matches
     weight_sum: float = 0.0
-    used_fallback: bool = False
+    used_fallback: bool = False  # RANSAC (DGR's safeguard) estimated the transform, not the learned weights
+    fallback: str = ""  # why: "no inlier network", "inlier weight sum below N", "learned estimate not trusted"
     feature_kind: str = ""
     inlier_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (K,) within inlier distance
     timings: dict[str, float] = field(default_factory=dict)  # ms per stage, plus "total"
@@ -146,6 +149,7 @@ class RegistrationResult:
             "fitness_fine": self.fitness_fine,
             "weight_sum": self.weight_sum,
             "used_fallback": self.used_fallback,
+            "fallback": self.fallback,
             "feature_kind": self.feature_kind,
             "search": self.search,
             "heading_deg": self.heading_deg,
@@ -182,9 +186,19 @@ class _Hypothesis:
     pairs: np.ndarray  # (K, 2) int64 correspondences
     weights: np.ndarray  # (K,) float32
     num_candidates: int
-    used_fallback: bool
+    fallback: str  # why RANSAC estimated T instead of the learned weights ("": weighted Procrustes)
     message: str  # non-empty: no transform could be estimated
     heading: float  # deg, the source heading whose features found the pairs
+
+    @property
+    def learned(self) -> bool:
+        """T is the weighted Procrustes of learned inlier weights."""
+        return not self.fallback and not self.message
+
+
+def _decisive(result: RegistrationResult) -> bool:
+    """Trusted with enough inlier matches to stop trying other hypotheses."""
+    return result.success and result.inlier_ratio >= DECISIVE_INLIER_RATIO
 
 
 class _Timer:
@@ -371,15 +385,28 @@ class Registrar:
                 support = prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
         elif search not in ("global", "prior"):
             raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
-        result = self._finished(src, tgt, self._hypothesis(src, tgt, src.features, support, init, timer), timer)
+        first = self._hypothesis(src, tgt, src.features, support, init, timer)
+        learned = [first] if first.learned else []
+        result = self._finished(src, tgt, first, timer)
         for heading in self._extra_headings(src, support):
-            if result.success and result.inlier_ratio >= DECISIVE_INLIER_RATIO:
+            if _decisive(result):
                 break
             with timer.stage("features", self.device):
                 turned = self._turned_features(src, heading)
-            candidate = self._finished(src, tgt, self._hypothesis(src, tgt, turned, None, init, timer, heading), timer)
+            hyp = self._hypothesis(src, tgt, turned, None, init, timer, heading)
+            learned += [hyp] if hyp.learned else []
+            candidate = self._finished(src, tgt, hyp, timer)
             if _better(candidate, result):
                 result = candidate
+        # DGR's safeguard, second trigger: learned weights that no hypothesis turned into a trusted
+        # result are not the last word; RANSAC re-estimates from the same matches, in the same order.
+        for hyp in learned if not result.success else []:
+            candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, "learned estimate not trusted"),
+                                       timer)
+            if _better(candidate, result):
+                result = candidate
+            if _decisive(result):
+                break
         result.search = "prior" if support is not None else "global"  # the nn matchers search globally
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
@@ -392,7 +419,8 @@ class Registrar:
                 T = refine_icp(src.xyz, tgt.xyz, T, self.config, tgt.normals(self.config.voxel_size))
         result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message)
         result.num_candidates, result.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
-        result.used_fallback, result.heading_deg = hyp.used_fallback, hyp.heading
+        result.used_fallback, result.heading_deg = bool(hyp.fallback), hyp.heading
+        result.fallback = hyp.fallback
         return result
 
     def _extra_headings(self, src: PreparedCloud, support) -> list[float]:
@@ -424,31 +452,32 @@ class Registrar:
             pairs, probs, n_cand = match_features(src_features, tgt.features, cfg, src.feature_kind, support)
         with timer.stage("inlier", self.device):
             weights, learned = self._inlier_weights(src.xyz, tgt.xyz, pairs, probs)
-        weight_sum = float(weights.sum())
-        T = np.eye(4)
-        used_fallback = False
-        message = ""
+        hyp = _Hypothesis(np.eye(4), pairs, weights, int(n_cand), "", "", heading)
+        if not learned:  # without a learned inlier network the weights say little about outliers: go robust
+            return self._robust(src, tgt, hyp, init, timer, "no inlier network")
+        threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * len(src.xyz))
+        if len(pairs) < 3 or float(weights.sum()) < threshold:
+            return self._robust(src, tgt, hyp, init, timer, f"inlier weight sum below {threshold:.0f}")
         with timer.stage("procrustes"):
-            threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * len(src.xyz))
-            # Without a learned inlier network the weights say little about outliers: go robust.
-            if learned and len(pairs) >= 3 and weight_sum >= threshold:
-                R, t = geometry.weighted_procrustes(
-                    torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
-                    torch.from_numpy(tgt.xyz[pairs[:, 1]]).double(),
-                    torch.from_numpy(weights).double(),
-                )
-                T = geometry.make_transform(R.numpy(), t.numpy())
-            else:
-                used_fallback = True
-        if used_fallback:
-            with timer.stage("ransac"):
-                if len(pairs) >= 3:
-                    T = ransac_on_correspondences(src.xyz, tgt.xyz, pairs, cfg)
-                elif init is not None:
-                    T = geometry.shift_transform(init, -src.origin, -tgt.origin)
-                else:
-                    message = "fewer than 3 correspondences"
-        return _Hypothesis(T, pairs, weights, int(n_cand), used_fallback, message, heading)
+            R, t = geometry.weighted_procrustes(
+                torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
+                torch.from_numpy(tgt.xyz[pairs[:, 1]]).double(),
+                torch.from_numpy(weights).double(),
+            )
+        return dataclasses.replace(hyp, T=geometry.make_transform(R.numpy(), t.numpy()))
+
+    def _robust(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, init: np.ndarray | None,
+                timer: _Timer, reason: str) -> _Hypothesis:
+        """DGR's safeguard: the transform of ``hyp``'s matches by RANSAC (Open3D), or the motion
+        prior when fewer than 3 matches exist; ``reason`` is recorded as the result's ``fallback``."""
+        with timer.stage("ransac"):
+            if len(hyp.pairs) >= 3:
+                return dataclasses.replace(hyp, T=ransac_on_correspondences(src.xyz, tgt.xyz, hyp.pairs, self.config),
+                                           fallback=reason)
+            if init is not None:
+                return dataclasses.replace(hyp, T=geometry.shift_transform(init, -src.origin, -tgt.origin),
+                                           fallback=reason)
+        return dataclasses.replace(hyp, T=np.eye(4), fallback=reason, message="fewer than 3 correspondences")
 
     def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,
                correspondences: np.ndarray | None = None) -> RegistrationResult:
@@ -526,9 +555,16 @@ class Registrar:
         inlier_net = self._load_models().inlier if use_net else None
         if inlier_net is None:
             return probs.astype(np.float32), False
+        from s2h_ros.models.context_inlier import ContextInlierNetwork
         from s2h_ros.models.inlier import correspondence_weights
 
         six = np.hstack([src_xyz[pairs[:, 0]], tgt_xyz[pairs[:, 1]]])
+        if isinstance(inlier_net, ContextInlierNetwork):
+            with torch.no_grad():
+                logits = inlier_net.to(self.device).eval()(six[:, :3], six[:, 3:], cfg.voxel_size, probs)
+            w = torch.sigmoid(logits).float().cpu().numpy()
+            w[w < cfg.weight_floor] = 0.0
+            return w, True
         extent = (np.ptp(np.floor(six / cfg.voxel_size), axis=0) + 1).astype(np.int64).tolist()
         if not keys_fit(extent):  # the 6-D kernel-map keys would not fit int64
             raise RegistrationError(

@@ -1,7 +1,8 @@
-"""``s2h train data|fcgf|inlier``: make the pair cache, train FCGF, train the inlier/S2H network.
+"""``s2h train data|fcgf|inlier|matches|context``: make the pair cache, train FCGF, train the
+inlier/S2H network; cache frozen-FCGF S2H matches and train the context inlier network on them.
 
-Only ``data`` needs Open3D (it ray-casts synthetic scans); ``fcgf`` and ``inlier`` read the cache
-alone, so they run on a GPU machine with just torch, numpy, scipy and tqdm. Launch with
+Only ``data`` and ``matches`` need Open3D (they ray-cast synthetic scans); ``fcgf``, ``inlier`` and
+``context`` read the caches alone, so they run on a GPU machine with just torch, numpy, scipy and tqdm. Launch with
 ``torchrun --nproc_per_node N -m s2h_ros.cli train ...`` for DDP.
 """
 from __future__ import annotations
@@ -10,11 +11,16 @@ import argparse
 from pathlib import Path
 
 
-def _loop_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", type=Path, required=True, help="pair cache directory (with train/ and val/)")
+def _loop_options(p: argparse.ArgumentParser, data: str = "data") -> None:
+    if data == "matches":
+        p.add_argument("--matches", type=Path, required=True, help="match cache directory (with train/ and val/)")
+    else:
+        p.add_argument("--data", type=Path, required=True, help="pair cache directory (with train/ and val/)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint to write (and resume from)")
     p.add_argument("--steps", type=int, default=1000, help="optimiser steps (each: one pair per process)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="cosine: the rate falls to 0 at --steps (computed from the step, so --resume follows it)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (under torchrun: cuda = this rank's GPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation and sampling")
     p.add_argument("--resume", action="store_true", help="continue from --out when it holds a training state")
@@ -25,6 +31,8 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-pairs", type=int, default=0, help="use only the first N training pairs (0: all)")
     p.add_argument("--log-every", type=int, default=25, help="print one progress line every N steps")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
+    if data == "matches":
+        return
     p.add_argument("--no-augment", action="store_true", help="train on the cached pairs as they are")
     p.add_argument("--max-yaw", type=float, default=45.0,
                    help="augmentation yaw range per side, +- degrees (also the validation rotations); 180: any heading")
@@ -67,9 +75,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     i.add_argument("--fcgf-lr", type=float, default=1e-4, help="FCGF learning rate with --loss s2h")
 
 
+    m = sub.add_parser("matches", help="cache the S2H matches of frozen FCGF on synthetic pairs (context network data)")
+    m.add_argument("--out", type=Path, required=True, help="split directory to write (e.g. .cache/matches/train)")
+    m.add_argument("--seeds", type=int, nargs=2, required=True, metavar=("FIRST", "END"),
+                   help="world seeds FIRST..END-1 (training 1000+, validation 2000+; 0-999 are held out)")
+    m.add_argument("--sensors", nargs="+", default=list(CONTEXT_SENSORS), help="lidar presets drawn per world")
+    m.add_argument("--families", nargs="+", default=list(CONTEXT_FAMILIES), help="scene families drawn per world")
+    m.add_argument("--per-world", type=int, default=3, help="pairs per world")
+    m.add_argument("--min-distance", type=float, default=10.0, help="min sensor distance of a pair (m)")
+    m.add_argument("--max-distance", type=float, default=20.0, help="max sensor distance of a pair (m)")
+    m.add_argument("--weights", default="", help="FCGF weights (default: the shipped ones)")
+    m.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+    c = sub.add_parser("context", help="train the context inlier network on cached matches")
+    _loop_options(c, data="matches")
+    c.add_argument("--voxel", type=float, default=0.3, help="voxel size the matches were made at (m)")
+    c.add_argument("--channels", type=int, default=64, help="channels per PointCN block")
+    c.add_argument("--blocks", type=int, default=4, help="PointCN blocks per stage")
+    c.add_argument("--stages", type=int, default=2, help="consistency stages")
+    c.add_argument("--anchors", type=int, default=256, help="anchor correspondences per stage")
+    c.add_argument("--first-anchors", choices=("random", "probability"), default="random",
+                   help="stage 1 anchors: uniform random, or the matches of highest S-step probability")
+    c.add_argument("--inlier-distance", type=float, default=0.6, help="label inlier distance (m)")
+
+    k = sub.add_parser("pack", help="one weights file for the pipeline: an FCGF checkpoint plus an inlier network")
+    k.add_argument("--fcgf", type=Path, required=True, help="FCGF checkpoint (its keys are kept)")
+    k.add_argument("--inlier", type=Path, required=True, help="checkpoint holding the inlier network")
+    k.add_argument("--out", type=Path, required=True, help="file to write")
+
+
+# Sensors and scene families of the context network's training worlds; the others (vlp32, vlp32c,
+# os1_64, os0_128, livox; tunnel, open_field) are left for held-out evaluation.
+CONTEXT_SENSORS = ("hdl64", "vlp16", "os128", "hdl32", "os1_32")
+CONTEXT_FAMILIES = ("town", "suburban", "highway", "parking_lot")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.what == "data":
         return _run_data(args)
+    if args.what == "matches":
+        return _run_matches(args)
+    if args.what == "pack":
+        from s2h_ros.models.checkpoint import combine_weights
+
+        print(f"wrote {combine_weights(args.fcgf, args.inlier, args.out)}")
+        return 0
+    if args.what == "context":
+        from s2h_ros.training.context_trainer import train_context_inlier
+
+        train_context_inlier(args)
+        return 0
     if args.what == "fcgf":
         from s2h_ros.training.fcgf_trainer import train_fcgf
 
@@ -99,4 +154,16 @@ def _run_data(args: argparse.Namespace) -> int:
                       args.voxel, meta)
     size = sum(p.stat().st_size for p in out.glob("*.npz"))
     print(f"wrote {args.pairs} pairs to {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _run_matches(args: argparse.Namespace) -> int:
+    import torch
+
+    from s2h_ros.config import RegistrationConfig
+    from s2h_ros.training.match_data import write_matches
+
+    torch.set_num_threads(args.threads)
+    write_matches(args.out, range(*args.seeds), args.sensors, args.families, args.per_world, args.min_distance,
+                  args.max_distance, RegistrationConfig(weights=args.weights), log=lambda m: print(m, flush=True))
     return 0

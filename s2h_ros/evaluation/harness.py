@@ -122,6 +122,11 @@ def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
     return {
         **summarize_pairs([r["re_deg"] for r in records], [r["te_m"] for r in records], threshold),
         "reported_success": float(np.mean([r["success"] for r in records])),
+        # trusted (success) but beyond the recall thresholds: what a user must never be handed
+        "wrong_trusted": int(sum(bool(r["success"]) and not r["registered"] for r in records)),
+        # pairs whose transform came from DGR's RANSAC safeguard instead of learned weights
+        "fallbacks": (int(sum(bool(r["info"]["used_fallback"]) for r in records))
+                      if all("used_fallback" in r.get("info", {}) for r in records) else None),
         "exceptions": int(sum(r["error"] is not None for r in records)),
         "time_mean_s": float(wall.mean()),
         "time_median_s": float(np.median(wall)),

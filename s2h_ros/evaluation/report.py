@@ -25,10 +25,14 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def pairs_table(summary: dict[str, dict]) -> str:
-    """One row per method: recall, mean RE/TE over successes, time, peak memory."""
-    header = ["method", "pairs", "recall (%)", "RE (deg)", "TE (cm)", "time (s)", "peak RSS (MB)"]
+    """One row per method: recall, mean RE/TE over successes, results trusted but wrong, RANSAC
+    safeguard fallbacks (methods that report them), time, peak memory."""
+    header = ["method", "pairs", "recall (%)", "RE (deg)", "TE (cm)", "wrong but trusted", "RANSAC fallbacks",
+              "time (s)", "peak RSS (MB)"]
     rows = [[name, str(s["pairs"]), _fmt(s["recall"], 100, 1), _fmt(s["re_mean_deg"]),
-             _fmt(s["te_mean_m"], 100, 1), _fmt(s["time_mean_s"], 1, 3), _fmt(s["peak_rss_mb_max"], 1, 0)]
+             _fmt(s["te_mean_m"], 100, 1), str(s.get("wrong_trusted", "")),
+             "" if s.get("fallbacks") is None else str(s["fallbacks"]),
+             _fmt(s["time_mean_s"], 1, 3), _fmt(s["peak_rss_mb_max"], 1, 0)]
             for name, s in summary.items()]
     return markdown_table(header, rows)
 

@@ -16,6 +16,7 @@ from s2h_ros.matching.assignment import (
 from s2h_ros.matching.candidates import candidate_support, feature_knn, prior_support
 from s2h_ros.matching.defaults import match_options
 from s2h_ros.matching.losses import (
+    balanced_bce,
     inlier_count_loss,
     matching_loss,
     motion_loss,
@@ -43,6 +44,7 @@ __all__ = [
     "StraightThrough",
     "augmented_profit_matrix",
     "augmented_sinkhorn",
+    "balanced_bce",
     "candidate_support",
     "edge_positions",
     "edge_scores",

@@ -1,4 +1,5 @@
-"""The paper's S2H losses: L1 (matching), L2 (inlier count), L3 (motion); total = L1 + L2 + L3.
+"""The paper's S2H losses: L1 (matching), L2 (inlier count), L3 (motion); total = L1 + L2 + L3;
+and DGR's class-balanced inlier classification loss (``balanced_bce``), which the inlier trainers add.
 
 Dense forms work on one sample ``(Nx, Ny)`` / ``(3, 3)`` or a batch ``(B, …)`` (mean over the batch).
 The ``sparse_`` forms take the matrices' entries on a candidate edge list ``(…, E)`` (the support of
@@ -8,6 +9,7 @@ dense one is the sparse one on the edge list of all ``Nx * Ny`` entries.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def sparse_matching_loss(m: torch.Tensor, gt: torch.Tensor, n_gt: int | float | torch.Tensor) -> torch.Tensor:
@@ -74,3 +76,12 @@ def s2h_loss(M_pred, M_gt, R_pred, t_pred, R_gt, t_gt, weights=(1.0, 1.0, 1.0)) 
     """``total_loss`` of the dense matrices and the motion."""
     return total_loss(matching_loss(M_pred, M_gt), inlier_count_loss(M_pred), motion_loss(R_pred, t_pred, R_gt, t_gt),
                       weights)
+
+
+def balanced_bce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """DGR's inlier classification loss: binary cross-entropy of ``(K,)`` logits against 0/1
+    labels, positives weighted by (negatives / positives) so both classes count alike."""
+    labels = labels.to(logits.dtype)
+    n_pos = labels.sum()
+    pos_weight = (len(labels) - n_pos) / n_pos.clamp_min(1.0)
+    return F.binary_cross_entropy_with_logits(logits, labels, pos_weight=pos_weight)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from s2h_ros import paths
+from s2h_ros.models.context_inlier import ContextInlierNetwork
 from s2h_ros.models.fcgf import build_fcgf
 from s2h_ros.models.inlier import InlierNetwork
 from s2h_ros.models.resunet import ResUNet, ResUNetConfig, config_from_state_dict
@@ -103,6 +104,30 @@ def save_checkpoint(path: str | Path, model: ResUNet, **extra) -> Path:
     return path
 
 
+def combine_weights(fcgf_path: str | Path, inlier_path: str | Path, out: str | Path, **extra) -> Path:
+    """One file for the pipeline: the FCGF checkpoint ``fcgf_path`` (all its keys) plus the inlier
+    network of ``inlier_path`` (``state_dict_inlier``, its config and kind); the inlier file's
+    ``steps`` and ``trainer`` and any ``extra`` notes are stored as ``inlier_<key>``. Written atomically."""
+    data = dict(read_checkpoint(fcgf_path))
+    _fcgf_from(data, fcgf_path, "cpu")  # refuse a file whose FCGF does not load
+    inlier_data = read_checkpoint(inlier_path)
+    inlier = _inlier_from(inlier_data, inlier_path, "cpu")
+    extra = {**{k: inlier_data[k] for k in ("steps", "trainer") if k in inlier_data}, **extra}
+    for key in ("state_dict_inlier", "inlier_config", "inlier_model", "train_state"):
+        data.pop(key, None)
+    data["state_dict_inlier"] = inlier.state_dict()
+    data["inlier_config"] = inlier.config.to_dict()
+    if isinstance(inlier, ContextInlierNetwork):
+        data["inlier_model"] = inlier.kind
+    data.update({f"inlier_{k}": v for k, v in extra.items()})
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(data, tmp)
+    tmp.replace(out)
+    return out
+
+
 def _state(data: dict, key: str, path: str | Path) -> dict[str, torch.Tensor]:
     if key not in data:
         raise CheckpointError(f"checkpoint {path} has no {key!r} (keys: {', '.join(map(str, data))})")
@@ -132,9 +157,18 @@ def _fcgf_from(data: dict, path: str | Path, device) -> ResUNet:
     return model.to(device or "cpu").eval()
 
 
-def _inlier_from(data: dict, path: str | Path, device) -> InlierNetwork:
+def _inlier_from(data: dict, path: str | Path, device) -> InlierNetwork | ContextInlierNetwork:
+    """The inlier network of a file: ours or DGR's 6-D ResUNet, or (``inlier_model: context``) the
+    context inlier network with its ``inlier_config``."""
     key = "state_dict_inlier" if "state_dict_inlier" in data else "state_dict"
     state = _state(data, key, path)
+    if data.get("inlier_model") == ContextInlierNetwork.kind:
+        try:
+            model = ContextInlierNetwork(dict(data.get("inlier_config") or {}))
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {path}: bad context inlier configuration: {err}") from err
+        load_weights(model, state)
+        return model.to(device or "cpu").eval()
     model = InlierNetwork(_config(data, state, "inlier", 6, False))
     load_weights(model, state)
     return model.to(device or "cpu").eval()
@@ -145,8 +179,9 @@ def load_fcgf(path: str | Path, device: torch.device | str | None = None) -> Res
     return _fcgf_from(read_checkpoint(path), path, device)
 
 
-def load_inlier(path: str | Path, device: torch.device | str | None = None) -> InlierNetwork:
-    """The 6-D inlier network from our checkpoint or an official DGR file (``state_dict_inlier``)."""
+def load_inlier(path: str | Path, device: torch.device | str | None = None) -> InlierNetwork | ContextInlierNetwork:
+    """The inlier network of our checkpoint (6-D or context) or of an official DGR file
+    (``state_dict_inlier``)."""
     return _inlier_from(read_checkpoint(path), path, device)
 
 
@@ -164,7 +199,7 @@ class RegistrationModels:
     the weights were trained at (None when the file does not say)."""
 
     fcgf: ResUNet
-    inlier: InlierNetwork | None
+    inlier: InlierNetwork | ContextInlierNetwork | None
     voxel: float | None
 
 

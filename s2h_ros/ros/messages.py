@@ -88,6 +88,7 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
         msg.inlier_ratio = float(r.inlier_ratio)
         msg.fitness = float(r.fitness)
         msg.weight_sum = float(r.weight_sum)
+        msg.fallback = r.fallback
         if r.degeneracy is not None:
             msg.weakest_constraint = float(r.degeneracy.eigenvalue)
             msg.weakest_direction = [float(v) for v in r.degeneracy.direction]

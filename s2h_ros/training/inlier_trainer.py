@@ -30,11 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.geometry import make_transform, weighted_procrustes
-from s2h_ros.matching import motion_loss, sparse_inlier_count_loss, sparse_matching_loss, straight_through, total_loss
+from s2h_ros.matching import balanced_bce, motion_loss, sparse_inlier_count_loss, sparse_matching_loss, straight_through, total_loss
 from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
 from s2h_ros.training.fcgf_trainer import batched_features
@@ -129,8 +128,7 @@ class InlierTask:
         zero = logits.sum() * 0.0
         if self.kind == "bce":
             n_pos = labels.sum()
-            pos_weight = (len(labels) - n_pos) / n_pos.clamp_min(1.0)  # class balance (DGR's balanced BCE)
-            loss = F.binary_cross_entropy_with_logits(logits, labels, pos_weight=pos_weight) if len(labels) else zero
+            loss = balanced_bce(logits, labels) if len(labels) else zero
             with torch.no_grad():
                 pred = logits > 0
                 logs["precision"] = float((pred & (labels > 0)).sum() / pred.sum().clamp_min(1))

@@ -41,6 +41,7 @@ class LoopConfig:
     checkpoint_every: int = 200
     val_every: int = 500  # 0: validate only at the end
     log_every: int = 25
+    lr_schedule: str = "constant"  # or "cosine": lr x (1 + cos(pi step / steps)) / 2, also across --resume
 
 
 class TrainTask(Protocol):
@@ -145,6 +146,7 @@ def train(task: TrainTask, train_pairs: list[CachedPair], val_pairs: list[Cached
         raise ValueError("no training pairs")
     torch.manual_seed(cfg.seed)
     optimizer = torch.optim.Adam(task.param_groups(cfg.lr))
+    base_lrs = [g["lr"] for g in optimizer.param_groups]  # before a resumed state overwrites them
     start, history = 0, []
     if cfg.resume and Path(cfg.out).is_file():
         from s2h_ros.models.checkpoint import read_checkpoint
@@ -201,6 +203,9 @@ def train(task: TrainTask, train_pairs: list[CachedPair], val_pairs: list[Cached
             net.train()
         idx = sample_index(step, len(train_pairs), cfg.seed, info.rank, info.world_size)
         loss, logs = task.loss(train_pairs[idx], step_rng(cfg.seed, step, info.rank))
+        factor = 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps)) if cfg.lr_schedule == "cosine" else 1.0
+        for group, base in zip(optimizer.param_groups, base_lrs):
+            group["lr"] = base * factor
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -242,7 +247,8 @@ def loop_config(args) -> LoopConfig:
     """The loop options of ``s2h train fcgf|inlier``."""
     return LoopConfig(out=Path(args.out), steps=args.steps, lr=args.lr, device=args.device, seed=args.seed,
                       resume=args.resume, max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
-                      val_every=args.val_every, log_every=args.log_every)
+                      val_every=args.val_every, log_every=args.log_every,
+                      lr_schedule=getattr(args, "lr_schedule", "constant"))
 
 
 def load_splits(args, info: DistInfo) -> tuple[list[CachedPair], list[CachedPair], float]:
