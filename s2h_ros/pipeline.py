@@ -189,11 +189,12 @@ class _Hypothesis:
     fallback: str  # why RANSAC estimated T instead of the learned weights ("": weighted Procrustes)
     message: str  # non-empty: no transform could be estimated
     heading: float  # deg, the source heading whose features found the pairs
+    deferred: bool = False  # the weight-sum safeguard applies but RANSAC has not run yet (T not estimated)
 
     @property
     def learned(self) -> bool:
         """T is the weighted Procrustes of learned inlier weights."""
-        return not self.fallback and not self.message
+        return not self.fallback and not self.message and not self.deferred
 
 
 def _decisive(result: RegistrationResult) -> bool:
@@ -386,23 +387,26 @@ class Registrar:
         elif search not in ("global", "prior"):
             raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
         first = self._hypothesis(src, tgt, src.features, support, init, timer)
-        learned = [first] if first.learned else []
+        unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
         result = self._finished(src, tgt, first, timer)
         for heading in self._extra_headings(src, support):
             if _decisive(result):
                 break
             with timer.stage("features", self.device):
                 turned = self._turned_features(src, heading)
-            hyp = self._hypothesis(src, tgt, turned, None, init, timer, heading)
-            learned += [hyp] if hyp.learned else []
+            hyp = self._hypothesis(src, tgt, turned, None, init, timer, heading, defer_safeguard=True)
+            if hyp.deferred or hyp.learned:
+                unsettled.append(hyp)
+            if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
+                continue
             candidate = self._finished(src, tgt, hyp, timer)
             if _better(candidate, result):
                 result = candidate
         # DGR's safeguard, second trigger: learned weights that no hypothesis turned into a trusted
-        # result are not the last word; RANSAC re-estimates from the same matches, in the same order.
-        for hyp in learned if not result.success else []:
-            candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, "learned estimate not trusted"),
-                                       timer)
+        # result are not the last word; RANSAC re-estimates from the same matches, in the order tried.
+        for hyp in unsettled if not result.success else []:
+            reason = hyp.fallback if hyp.deferred else "learned estimate not trusted"
+            candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer)
             if _better(candidate, result):
                 result = candidate
             if _decisive(result):
@@ -444,9 +448,12 @@ class Registrar:
                               device=self.device)
 
     def _hypothesis(self, src: PreparedCloud, tgt: PreparedCloud, src_features: torch.Tensor, support,
-                    init: np.ndarray | None, timer: _Timer, heading: float = 0.0) -> _Hypothesis:
+                    init: np.ndarray | None, timer: _Timer, heading: float = 0.0,
+                    defer_safeguard: bool = False) -> _Hypothesis:
         """Matches -> weights -> weighted Procrustes (or DGR's RANSAC safeguard): one transform
-        between the local frames from one set of source features."""
+        between the local frames from one set of source features. ``defer_safeguard``: a weight
+        sum below the threshold returns the hypothesis ``deferred`` (no transform yet) instead of
+        running RANSAC at once: ``register`` runs it only if no other hypothesis is trusted."""
         cfg = self.config
         with timer.stage("match", self.device):
             pairs, probs, n_cand = match_features(src_features, tgt.features, cfg, src.feature_kind, support)
@@ -457,7 +464,10 @@ class Registrar:
             return self._robust(src, tgt, hyp, init, timer, "no inlier network")
         threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * len(src.xyz))
         if len(pairs) < 3 or float(weights.sum()) < threshold:
-            return self._robust(src, tgt, hyp, init, timer, f"inlier weight sum below {threshold:.0f}")
+            reason = f"inlier weight sum below {threshold:.0f}"
+            if defer_safeguard:
+                return dataclasses.replace(hyp, fallback=reason, deferred=True)
+            return self._robust(src, tgt, hyp, init, timer, reason)
         with timer.stage("procrustes"):
             R, t = geometry.weighted_procrustes(
                 torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
@@ -473,11 +483,12 @@ class Registrar:
         with timer.stage("ransac"):
             if len(hyp.pairs) >= 3:
                 return dataclasses.replace(hyp, T=ransac_on_correspondences(src.xyz, tgt.xyz, hyp.pairs, self.config),
-                                           fallback=reason)
+                                           fallback=reason, deferred=False)
             if init is not None:
                 return dataclasses.replace(hyp, T=geometry.shift_transform(init, -src.origin, -tgt.origin),
-                                           fallback=reason)
-        return dataclasses.replace(hyp, T=np.eye(4), fallback=reason, message="fewer than 3 correspondences")
+                                           fallback=reason, deferred=False)
+        return dataclasses.replace(hyp, T=np.eye(4), fallback=reason, message="fewer than 3 correspondences",
+                                   deferred=False)
 
     def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,
                correspondences: np.ndarray | None = None) -> RegistrationResult:
