@@ -228,7 +228,7 @@ class KeyframeOdometry:
         if not global_.success:
             if local.success and prior_trusted:
                 local.message = f"the global search is not trusted; {name} is verified"
-                local.used_fallback, local.fallback = True, f"the global search is not trusted; {name} stands"
+                local.used_fallback, local.fallback = True, local.message
                 return _with_timings(local, global_)
             return global_
         if not local.success or self._agree(global_.transform, local.transform):

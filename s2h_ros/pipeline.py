@@ -379,11 +379,7 @@ class Registrar:
             if init is None:
                 raise ValueError("search='prior' needs init (the motion prior)")
             with timer.stage("support"):
-                from s2h_ros.matching import prior_support
-
-                local_init = geometry.shift_transform(init, -src.origin, -tgt.origin)
-                predicted = geometry.apply_transform(local_init, src.xyz.astype(np.float64))
-                support = prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
+                support = self.prior_support(src, tgt, init)
         elif search not in ("global", "prior"):
             raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
         first = self._hypothesis(src, tgt, src.features, support, init, timer)
@@ -414,6 +410,16 @@ class Registrar:
         result.search = "prior" if support is not None else "global"  # the nn matchers search globally
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
+
+    def prior_support(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tracking's S2H candidate edges (:func:`s2h_ros.matching.prior_support`): the target
+        voxels within ``prior_radius`` of where ``init`` (input frames) puts each source voxel."""
+        from s2h_ros.matching import prior_support
+
+        cfg = self.config
+        predicted = geometry.apply_transform(geometry.shift_transform(init, -src.origin, -tgt.origin),
+                                             src.xyz.astype(np.float64))
+        return prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
 
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it."""
@@ -480,15 +486,13 @@ class Registrar:
                 timer: _Timer, reason: str) -> _Hypothesis:
         """DGR's safeguard: the transform of ``hyp``'s matches by RANSAC (Open3D), or the motion
         prior when fewer than 3 matches exist; ``reason`` is recorded as the result's ``fallback``."""
+        hyp = dataclasses.replace(hyp, fallback=reason, deferred=False)
         with timer.stage("ransac"):
             if len(hyp.pairs) >= 3:
-                return dataclasses.replace(hyp, T=ransac_on_correspondences(src.xyz, tgt.xyz, hyp.pairs, self.config),
-                                           fallback=reason, deferred=False)
+                return dataclasses.replace(hyp, T=ransac_on_correspondences(src.xyz, tgt.xyz, hyp.pairs, self.config))
             if init is not None:
-                return dataclasses.replace(hyp, T=geometry.shift_transform(init, -src.origin, -tgt.origin),
-                                           fallback=reason, deferred=False)
-        return dataclasses.replace(hyp, T=np.eye(4), fallback=reason, message="fewer than 3 correspondences",
-                                   deferred=False)
+                return dataclasses.replace(hyp, T=geometry.shift_transform(init, -src.origin, -tgt.origin))
+        return dataclasses.replace(hyp, T=np.eye(4), message="fewer than 3 correspondences")
 
     def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,
                correspondences: np.ndarray | None = None) -> RegistrationResult:
@@ -558,7 +562,8 @@ class Registrar:
         )
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
-        """DGR's learned weights when available (True), else the S-step probabilities (False)."""
+        """The inlier network's weights (the context network's or DGR's), floored at ``weight_floor``, when
+        the weights carry one and the features are FCGF (True); else the S-step probabilities (False)."""
         cfg = self.config
         if len(pairs) == 0:
             return np.zeros(0, np.float32), False
@@ -567,15 +572,14 @@ class Registrar:
         if inlier_net is None:
             return probs.astype(np.float32), False
         from s2h_ros.models.context_inlier import ContextInlierNetwork
-        from s2h_ros.models.inlier import correspondence_weights
 
         six = np.hstack([src_xyz[pairs[:, 0]], tgt_xyz[pairs[:, 1]]])
-        if isinstance(inlier_net, ContextInlierNetwork):
+        if isinstance(inlier_net, ContextInlierNetwork):  # loaded on the device, in eval mode
             with torch.no_grad():
-                logits = inlier_net.to(self.device).eval()(six[:, :3], six[:, 3:], cfg.voxel_size, probs)
-            w = torch.sigmoid(logits).float().cpu().numpy()
-            w[w < cfg.weight_floor] = 0.0
-            return w, True
+                w = inlier_net.weights(six[:, :3], six[:, 3:], cfg.voxel_size, probs, cfg.weight_floor)
+            return w.float().cpu().numpy(), True
+        from s2h_ros.models.inlier import correspondence_weights
+
         extent = (np.ptp(np.floor(six / cfg.voxel_size), axis=0) + 1).astype(np.int64).tolist()
         if not keys_fit(extent):  # the 6-D kernel-map keys would not fit int64
             raise RegistrationError(

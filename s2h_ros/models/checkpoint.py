@@ -104,6 +104,27 @@ def save_checkpoint(path: str | Path, model: ResUNet, **extra) -> Path:
     return path
 
 
+def inlier_entries(net: InlierNetwork | ContextInlierNetwork) -> dict:
+    """The keys that carry an inlier network in a weights file: ``state_dict_inlier``,
+    ``inlier_config`` and, for the context network, ``inlier_model`` (what ``_inlier_from`` reads)."""
+    entries = {"state_dict_inlier": net.state_dict(), "inlier_config": net.config.to_dict()}
+    if isinstance(net, ContextInlierNetwork):
+        entries["inlier_model"] = net.kind
+    return entries
+
+
+def write_checkpoint(path: str | Path, data: dict) -> Path:
+    """``torch.save`` of ``data`` written atomically (``outputs.write_bytes``: temporary file +
+    rename), so an interrupted save never leaves a truncated weights file."""
+    import io
+
+    from s2h_ros.outputs import write_bytes
+
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return write_bytes(path, buffer.getvalue())
+
+
 def combine_weights(fcgf_path: str | Path, inlier_path: str | Path, out: str | Path, **extra) -> Path:
     """One file for the pipeline: the FCGF checkpoint ``fcgf_path`` (all its keys) plus the inlier
     network of ``inlier_path`` (``state_dict_inlier``, its config and kind); the inlier file's
@@ -115,17 +136,9 @@ def combine_weights(fcgf_path: str | Path, inlier_path: str | Path, out: str | P
     extra = {**{k: inlier_data[k] for k in ("steps", "trainer") if k in inlier_data}, **extra}
     for key in ("state_dict_inlier", "inlier_config", "inlier_model", "train_state"):
         data.pop(key, None)
-    data["state_dict_inlier"] = inlier.state_dict()
-    data["inlier_config"] = inlier.config.to_dict()
-    if isinstance(inlier, ContextInlierNetwork):
-        data["inlier_model"] = inlier.kind
+    data.update(inlier_entries(inlier))
     data.update({f"inlier_{k}": v for k, v in extra.items()})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    torch.save(data, tmp)
-    tmp.replace(out)
-    return out
+    return write_checkpoint(out, data)
 
 
 def _state(data: dict, key: str, path: str | Path) -> dict[str, torch.Tensor]:

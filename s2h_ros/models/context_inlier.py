@@ -138,10 +138,11 @@ class ContextInlierNetwork(nn.Module):
 
     @staticmethod
     def _local_inputs(xs: torch.Tensor, ys: torch.Tensor, probs: torch.Tensor, scale: float) -> torch.Tensor:
-        """``(N, 5)``: horizontal distance and height of each side from its centroid, and p."""
+        """``(N, 5)``: horizontal distance and height of each side from its centroid (``xs``, ``ys``
+        come centred), divided by ``scale``, and p."""
         cols = []
         for pts in (xs, ys):
-            rel = (pts - pts.mean(0, keepdim=True)) / scale
+            rel = pts / scale
             cols += [rel[:, :2].norm(dim=1), rel[:, 2]]
         return torch.stack(cols + [probs], 1)
 
@@ -187,3 +188,9 @@ class ContextInlierNetwork(nn.Module):
         """The last stage's ``(N,)`` logits, or every stage's list with ``all_stages``."""
         logits = self.forward_all(src_xyz, tgt_xyz, voxel, probs, generator)
         return logits if all_stages else logits[-1]
+
+    def weights(self, src_xyz, tgt_xyz, voxel: float, probs=None, threshold: float = 0.05) -> torch.Tensor:
+        """Inlier weights as DGR's network gives them (``InlierNetwork.weights``): sigmoid of the
+        last stage's logits, zeroed below ``threshold``."""
+        w = torch.sigmoid(self(src_xyz, tgt_xyz, voxel, probs))
+        return torch.where(w < threshold, torch.zeros_like(w), w)

@@ -20,22 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from s2h_ros.geometry import make_transform, transform_errors, weighted_procrustes
+from s2h_ros.geometry import transform_errors, weighted_procrustes
 from s2h_ros.matching import balanced_bce, motion_loss
 from s2h_ros.models.context_inlier import ContextInlierConfig, ContextInlierNetwork
 from s2h_ros.training.match_data import MatchSample
-from s2h_ros.training.validation import RE_THRESH_DEG, TE_THRESH_M
+from s2h_ros.training.validation import RE_THRESH_DEG, TE_THRESH_M, procrustes_transform
 
 MIN_TRUE_INLIERS = 10
 MAX_MATCHES = 8000  # matches per training step (a sample's random subset above)
-
-
-def procrustes_transform(xs: torch.Tensor, ys: torch.Tensor, w: torch.Tensor) -> np.ndarray | None:
-    """``(4, 4)`` weighted Procrustes of matches, or None when the weights sum to zero."""
-    if len(w) < 3 or float(w.sum()) <= 0:
-        return None
-    R, t = weighted_procrustes(xs.double(), ys.double(), w.double())
-    return make_transform(R.cpu().numpy(), t.cpu().numpy())
 
 
 class ContextInlierTask:
@@ -82,8 +74,7 @@ class ContextInlierTask:
     def weights(self, sample: MatchSample) -> torch.Tensor:
         """The pipeline's weights of a sample's matches: sigmoid of the last stage, floored."""
         xs, ys, p = self._tensors(sample)
-        w = torch.sigmoid(self.nets["inlier"](xs, ys, self.voxel, p))
-        return torch.where(w < self.weight_floor, torch.zeros_like(w), w)
+        return self.nets["inlier"].weights(xs, ys, self.voxel, p, self.weight_floor)
 
     @torch.no_grad()
     def validate(self, samples: list[MatchSample]) -> dict[str, float]:
@@ -117,15 +108,11 @@ class ContextInlierTask:
                 "wsum_wrong_p90": float(np.percentile(wsum_wrong, 90)) if wsum_wrong else 0.0}
 
     def save(self, path: Path, extra: dict) -> None:
+        from s2h_ros.models.checkpoint import inlier_entries, write_checkpoint
+
         nets = extra.pop("nets")
-        net = nets["inlier"]
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"state_dict_inlier": net.state_dict(), "inlier_config": net.config.to_dict(),
-                    "inlier_model": ContextInlierNetwork.kind, "voxel": self.voxel, "trainer": "inlier/context",
-                    **extra}, tmp)
-        tmp.replace(path)
+        write_checkpoint(path, {**inlier_entries(nets["inlier"]), "voxel": self.voxel, "trainer": "inlier/context",
+                                **extra})
 
     def load(self, data: dict) -> None:
         from s2h_ros.models.checkpoint import load_weights

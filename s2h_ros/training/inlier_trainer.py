@@ -32,13 +32,14 @@ import numpy as np
 import torch
 
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.geometry import make_transform, weighted_procrustes
+from s2h_ros.geometry import weighted_procrustes
 from s2h_ros.matching import balanced_bce, motion_loss, sparse_inlier_count_loss, sparse_matching_loss, straight_through, total_loss
 from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
 from s2h_ros.training.fcgf_trainer import batched_features
 from s2h_ros.training.loop import unwrap
-from s2h_ros.training.validation import correspondence_residuals, ground_truth_partner, nearest_feature, summarize
+from s2h_ros.training.validation import (correspondence_residuals, ground_truth_partner, nearest_feature,
+                                         procrustes_transform, summarize)
 
 LOSSES = ("bce", "l3", "s2h", "sstep")
 
@@ -179,11 +180,8 @@ class InlierTask:
             good = correspondence_residuals(xyz0[i], xyz1[j], pair.T_gt) < self.inlier_distance
             ratio.append(float(good.float().mean()) if len(good) else 0.0)
             precision.append(float((w * good).sum() / w.sum().clamp_min(1e-9)))
-            T_pred = np.eye(4)
-            if len(w) >= 3 and float(w.sum()) > 0:
-                R, t = weighted_procrustes(xyz0[i].double(), xyz1[j].double(), w.double())
-                T_pred = make_transform(R.cpu().numpy(), t.cpu().numpy())
-            T_preds.append(T_pred)
+            T_pred = procrustes_transform(xyz0[i], xyz1[j], w)
+            T_preds.append(np.eye(4) if T_pred is None else T_pred)
             T_gts.append(pair.T_gt)
         return {"match_inlier_ratio": float(np.mean(ratio)), "weighted_precision": float(np.mean(precision)),
                 **summarize(T_preds, T_gts)}

@@ -248,7 +248,7 @@ def loop_config(args) -> LoopConfig:
     return LoopConfig(out=Path(args.out), steps=args.steps, lr=args.lr, device=args.device, seed=args.seed,
                       resume=args.resume, max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
                       val_every=args.val_every, log_every=args.log_every,
-                      lr_schedule=getattr(args, "lr_schedule", "constant"))
+                      lr_schedule=args.lr_schedule)
 
 
 def load_splits(args, info: DistInfo) -> tuple[list[CachedPair], list[CachedPair], float]:

@@ -23,6 +23,7 @@ atomically after each world so that an interrupted run keeps its worlds.
 """
 from __future__ import annotations
 
+import io
 import json
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ import torch
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
+from s2h_ros.outputs import write_bytes
 from s2h_ros.training.data import RESERVED_EVAL_SEEDS
 
 FORMAT = "s2h_ros.match_cache/1"
@@ -69,7 +71,6 @@ def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.nda
                  wrong_heading: float = 0.2, prior_sigma: float = 0.25, prior_yaw_sigma_deg: float = 1.0,
                  name: str = "") -> list[MatchSample]:
     """The ``global`` and ``prior`` samples of one pair (``(N, 3)`` clouds, ``T_gt`` source -> target)."""
-    from s2h_ros.matching import prior_support
     from s2h_ros.pipeline import match_features
 
     cfg = registrar.config
@@ -82,7 +83,7 @@ def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.nda
         raise ValueError("training pairs are expected near the origin")
     samples = []
     # Global: the hypothesis h whose turned source is nearest the target's heading (|yaw - h| <= 45).
-    hypotheses = [360.0 * h / cfg.heading_hypotheses for h in range(cfg.heading_hypotheses)]
+    hypotheses = sorted([0.0, *registrar._extra_headings(src, None)])
     right = min(hypotheses, key=lambda h: abs(_wrap(_yaw_deg(T) - h)))
     heading = right
     if rng.uniform() < wrong_heading and len(hypotheses) > 1:
@@ -95,9 +96,7 @@ def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.nda
     dt = rng.normal(0.0, prior_sigma, 3) * np.array([1.0, 1.0, 0.3])
     init = geometry.make_transform(
         geometry.yaw_transform(float(rng.normal(0.0, prior_yaw_sigma_deg)))[:3, :3], dt) @ T
-    predicted = geometry.apply_transform(init, src.xyz.astype(np.float64))
-    support = prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
-    pairs, probs, _ = match_features(src.features, tgt.features, cfg, "fcgf", support)
+    pairs, probs, _ = match_features(src.features, tgt.features, cfg, "fcgf", registrar.prior_support(src, tgt, init))
     samples.append(MatchSample(src.xyz[pairs[:, 0]], tgt.xyz[pairs[:, 1]], probs, T, len(src.xyz), "prior",
                                True, name))
     return samples
@@ -110,9 +109,9 @@ def _save_shard(path: Path, samples: list[MatchSample], meta: dict) -> None:
         arrays[f"{i}_T"] = s.T_gt
     info = [{"num_source": s.num_source, "search": s.search, "heading_right": s.heading_right, "name": s.name}
             for s in samples]
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp, info=json.dumps({"meta": meta, "samples": info}), **arrays)
-    tmp.replace(path)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, info=json.dumps({"meta": meta, "samples": info}), **arrays)
+    write_bytes(path, buffer.getvalue())  # atomic: an interrupted run keeps only whole shards
 
 
 def load_shard(path: str | Path) -> list[MatchSample]:

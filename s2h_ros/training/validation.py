@@ -67,6 +67,15 @@ def hypothesis_registration(src: torch.Tensor, tgt: torch.Tensor, threshold: flo
     return best_T
 
 
+def procrustes_transform(xs: torch.Tensor, ys: torch.Tensor, w: torch.Tensor) -> np.ndarray | None:
+    """``(4, 4)`` float64 weighted Procrustes of paired ``(K, 3)`` points with weights ``(K,)``, or
+    None with fewer than 3 pairs or weights summing to zero (validation of the learned weights)."""
+    if len(w) < 3 or float(w.sum()) <= 0:
+        return None
+    R, t = weighted_procrustes(xs.double(), ys.double(), w.double())
+    return make_transform(R.cpu().numpy(), t.cpu().numpy())
+
+
 def summarize(T_preds: list[np.ndarray], T_gts: list[np.ndarray]) -> dict[str, float]:
     """Recall (RE < 5 deg, TE < 0.6 m), mean RE (deg) and TE (m) over pairs."""
     re, te = transform_errors(np.stack(T_preds), np.stack(T_gts))
