@@ -140,6 +140,16 @@ def yaw_transform(yaw_deg: float) -> np.ndarray:
     return T
 
 
+def yaw_deg(T: np.ndarray) -> float:
+    """Rotation of ``(4, 4)`` or ``(3, 3)`` ``T`` about z in degrees, (-180, 180] (z up, REP-103)."""
+    return float(np.degrees(np.arctan2(T[1, 0], T[0, 0])))
+
+
+def angle_difference_deg(a: float, b: float) -> float:
+    """``a - b`` wrapped into [-180, 180) degrees."""
+    return (a - b + 180.0) % 360.0 - 180.0
+
+
 def random_rotation(rng: np.random.Generator, max_angle_deg: float = 180.0) -> np.ndarray:
     """``(3, 3)`` float64 rotation about a uniformly random axis by an angle uniform in [0, max]."""
     axis = rng.normal(size=3)

@@ -7,7 +7,10 @@ Each scan goes through these stages:
 2. **Tracking** while the prior is trusted (a successful scan less than a gap ago and
    ``tracking``): S2H candidates around each voxel's position predicted by the constant-velocity
    prior (``Registrar.register(search="prior")``). A result that confirms the prediction (within
-   half the inlier distance and 2 deg) is taken as it is. A **gap** is counted in scans as well as
+   half the inlier distance and 2 deg) is taken as it is; one that corrects it by what the prior's
+   error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
+   braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
+   independent starts agree). Only then is the global search skipped. A **gap** is counted in scans as well as
    in seconds: more than ``max_gap`` seconds and more than ``gap_periods`` typical scan intervals
    (the median of the last stamp differences), so a node that falls behind a 10 Hz sensor and
    takes a scan every 1-3 s keeps tracking instead of losing its prior at every scan.
@@ -50,6 +53,9 @@ from s2h_ros.pipeline import PreparedCloud, Registrar, RegistrationError, Regist
 
 # Two hypotheses closer than this agree (translation: half the inlier distance).
 AGREE_ROTATION_DEG = 2.0
+# A trusted tracking result that corrects the prediction by more than AGREE_* but less than this
+# rotation (and less than prior_radius) stands when ICP from the prediction lands on it as well.
+TRACKING_CORRECTION_DEG = 10.0
 # Stamp differences the typical scan interval (a gap's unit) is the median of.
 RECENT_INTERVALS = 10
 # How results name the prior's hypothesis, by RegistrationResult.search.
@@ -183,19 +189,24 @@ class KeyframeOdometry:
         against the prior's hypothesis (tracking's result, or ICP from the prediction)."""
         t0 = time.perf_counter()
         reg, use_prior = self.registrar, self.cfg.use_motion_prior
-        competitor = None
+        competitor = icp = checked = None
         if prior_trusted and self.cfg.tracking:
             competitor = reg.register(prepared, keyframe.cloud, init=prior, search="prior")
-        if competitor is not None and competitor.success and self._agree(competitor.transform, prior):
-            checked = competitor  # tracking confirms the prediction
-        else:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
+        if competitor is not None and competitor.success:
+            if self._agree(competitor.transform, prior):
+                checked = competitor  # tracking confirms the prediction
+            elif self._within_prior(competitor.transform, prior):  # a correction the prior's error explains
+                icp = reg.refine(prepared, keyframe.cloud, prior, competitor.correspondences)
+                if icp.success and self._agree(icp.transform, competitor.transform):
+                    checked = _with_timings(competitor, icp)  # ICP from the prediction lands on it too
+        if checked is None:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
             global_ = reg.register(prepared, keyframe.cloud, init=prior)
             confirmed = global_.success and self._agree(global_.transform, prior)
             if use_prior and not confirmed:
                 if competitor is None or not competitor.success:
                     competitor = reg.refine(prepared, keyframe.cloud, prior, global_.correspondences)
                 else:  # tracking moved the prediction: checked against ICP from the prediction
-                    competitor = self._correction_checked(competitor, prepared, keyframe, prior)
+                    competitor = self._correction_checked(competitor, prepared, keyframe, prior, icp)
                 confirmed = global_.success and competitor.success and self._agree(global_.transform,
                                                                                     competitor.transform)
                 checked = self._arbitrate(global_, competitor, prior_trusted)
@@ -207,14 +218,15 @@ class KeyframeOdometry:
         return checked
 
     def _correction_checked(self, tracking: RegistrationResult, prepared: PreparedCloud, keyframe: Keyframe,
-                            prior: np.ndarray) -> RegistrationResult:
+                            prior: np.ndarray, icp: RegistrationResult | None = None) -> RegistrationResult:
         """Tracking moved the prediction by more than ``_agree`` allows: ICP from the prediction is
         a second, independent start. If it lands on tracking's result, or fails, or explains the
         scan clearly worse (``ambiguity_margin`` of ``fitness_fine``), tracking stands; if it
         explains it clearly better, it replaces tracking; alike, neither is trusted. (Held-out
         OS1-64 highway, seed 48, scan 30: tracking slid 0.47 m along the road on a few poles while
         ICP from the prediction stayed 0.07 m from the truth, both at fitness 0.65.)"""
-        icp = self.registrar.refine(prepared, keyframe.cloud, prior, tracking.correspondences)
+        if icp is None:  # ``icp``: that ICP when it has run already
+            icp = self.registrar.refine(prepared, keyframe.cloud, prior, tracking.correspondences)
         if not icp.success or self._agree(icp.transform, tracking.transform):
             return _with_timings(tracking, icp)
         return self._clearer(tracking, icp, _HYPOTHESIS["prior"], _HYPOTHESIS["icp"])
@@ -291,6 +303,12 @@ class KeyframeOdometry:
         if not self.intervals:
             return self.cfg.max_gap
         return max(self.cfg.max_gap, self.cfg.gap_periods * float(np.median(self.intervals)))
+
+    def _within_prior(self, T: np.ndarray, prior: np.ndarray) -> bool:
+        """``T`` is a correction of the prediction ``prior`` that the motion prior's error explains:
+        within tracking's search radius (``prior_radius``) and ``TRACKING_CORRECTION_DEG``."""
+        re, te = geometry.transform_errors(T, prior)
+        return te < self.registrar.config.prior_radius and re < TRACKING_CORRECTION_DEG
 
     def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
         re, te = geometry.transform_errors(A, B)

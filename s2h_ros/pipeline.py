@@ -91,6 +91,11 @@ class PreparedCloud:
             self._planarity = surface_planarity(self.xyz, NORMAL_RADIUS_VOXELS * voxel_size)
         return self._planarity
 
+    def subset(self, index: np.ndarray) -> "PreparedCloud":
+        """The voxels ``index`` ``(K,)`` int64 with their features, same origin (nothing cached is shared)."""
+        return dataclasses.replace(self, xyz=self.xyz[index], features=self.features[torch.as_tensor(index, device=self.features.device)],
+                                   _normals=None, _planarity=None, _tree=None)
+
     def kdtree(self):
         """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""
         if self._tree is None:
@@ -374,23 +379,79 @@ class Registrar:
                 for k, v in prepared.timings.items():
                     timer.ms[k] = timer.ms.get(k, 0.0) + v
 
-        support = None
+        if search not in ("global", "prior"):
+            raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
         if search == "prior" and cfg.matcher == "s2h":
             if init is None:
                 raise ValueError("search='prior' needs init (the motion prior)")
+            picked = self._matched_subset(src, cfg.prior_max_points)
             with timer.stage("support"):
-                support = self.prior_support(src, tgt, init)
-        elif search not in ("global", "prior"):
-            raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
-        first = self._hypothesis(src, tgt, src.features, support, init, timer)
+                support = self.prior_support(src if picked is None else src.subset(picked), tgt, init)
+            result = self._search(src, tgt, init, timer, support, picked)
+        else:
+            result = None if init is None else self._quick_global(src, tgt, init, timer)
+            if result is None:
+                result = self._search(src, tgt, init, timer)
+        result.search = "prior" if search == "prior" and cfg.matcher == "s2h" else "global"  # the nn matchers search globally
+        result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
+        return result
+
+    def _matched_subset(self, src: PreparedCloud, m: int) -> np.ndarray | None:
+        """``(m,)`` sorted rows of ``src``, a fixed-seed random subset of its voxels for S2H to
+        match, when it has more than ``m`` (``prior_max_points`` / ``global_max_points``; 0: all,
+        None returned). The matches only need to find the transform's neighbourhood; ICP and
+        verification then use every voxel."""
+        n = len(src.xyz)
+        if m == 0 or n <= m:
+            return None
+        return np.sort(np.random.default_rng(self.config.seed).choice(n, m, replace=False))
+
+    def _quick_global(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None,
+                      timer: _Timer) -> RegistrationResult | None:
+        """The global search's first try when a prior exists (``init``: the odometry's prediction):
+        ``global_max_points`` source voxels matched at the heading hypothesis nearest the prior's
+        yaw (``_headings``; as given unless the prior turns by more than 45 deg, e.g. a keyframe
+        before a turn), refined and verified on every voxel. Its result when decisive (``_decisive``), else
+        None and the full search runs (every voxel, every heading, the safeguard), so a hard pair
+        loses nothing but this try."""
+        picked = self._matched_subset(src, self.config.global_max_points)
+        if picked is None:
+            return None
+        heading = self._headings(src, None, init)[0]
+        hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer), None, init, timer, picked,
+                                      heading, defer=True)
+        if hyp.deferred:  # the weights say "no inliers" here: no RANSAC on a subset, the full search decides
+            return None
+        result = self._finished(src, tgt, hyp, timer)
+        return result if _decisive(result) else None
+
+    def _subset_hypothesis(self, src: PreparedCloud, tgt: PreparedCloud, features: torch.Tensor, support,
+                           init: np.ndarray | None, timer: _Timer, picked: np.ndarray | None,
+                           heading: float = 0.0, defer: bool = False) -> _Hypothesis:
+        """``_hypothesis`` of the source rows ``picked`` (None: all; ``features`` of the whole source,
+        ``support`` over the subset's rows), its pairs indexing the whole source."""
+        if picked is None:
+            return self._hypothesis(src, tgt, features, support, init, timer, heading, defer)
+        rows = torch.as_tensor(picked, device=features.device)
+        sub = dataclasses.replace(src.subset(picked), features=features[rows])
+        hyp = self._hypothesis(sub, tgt, sub.features, support, init, timer, heading, defer)
+        return dataclasses.replace(hyp, pairs=np.column_stack([picked[hyp.pairs[:, 0]], hyp.pairs[:, 1]]))
+
+    def _search(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None, timer: _Timer,
+                support=None, picked: np.ndarray | None = None) -> RegistrationResult:
+        """Matches of the source rows ``picked`` (None: all) on ``support`` (None: global) -> the
+        first hypothesis; globally with learned features the other headings until one is decisive;
+        DGR's safeguard when none is trusted. The best result, refined and verified."""
+        headings = self._headings(src, support, init)
+        first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer), support, init, timer,
+                                        picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
         result = self._finished(src, tgt, first, timer)
-        for heading in self._extra_headings(src, support):
+        for heading in headings[1:]:
             if _decisive(result):
                 break
-            with timer.stage("features", self.device):
-                turned = self._turned_features(src, heading)
-            hyp = self._hypothesis(src, tgt, turned, None, init, timer, heading, defer_safeguard=True)
+            turned = self._features_at(src, heading, timer)
+            hyp = self._subset_hypothesis(src, tgt, turned, None, init, timer, picked, heading, defer=True)
             if hyp.deferred or hyp.learned:
                 unsettled.append(hyp)
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
@@ -407,8 +468,6 @@ class Registrar:
                 result = candidate
             if _decisive(result):
                 break
-        result.search = "prior" if support is not None else "global"  # the nn matchers search globally
-        result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
 
     def prior_support(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -433,14 +492,27 @@ class Registrar:
         result.fallback = hyp.fallback
         return result
 
-    def _extra_headings(self, src: PreparedCloud, support) -> list[float]:
-        """Source headings (deg) tried after the given one, the turn-around (180) first: global
-        learned-feature search only (FPFH is rotation invariant; tracking has the motion prior's
-        heading)."""
+    def _headings(self, src: PreparedCloud, support, init: np.ndarray | None = None) -> list[float]:
+        """Source headings (deg) the search tries, in order: the global learned-feature search turns
+        the source to each of ``heading_hypotheses`` headings about z (FPFH is rotation invariant;
+        tracking has the motion prior's heading: ``[0]``). Without a prior the heading as given, then
+        the turn-around (180) and the rest by distance from it; with one (``init``) the headings
+        nearest the prior's yaw first (a keyframe before a turn: the scan is 90 deg around)."""
         n = self.config.heading_hypotheses
         if n <= 1 or support is not None or src.feature_kind != "fcgf":
-            return []
-        return sorted((360.0 * h / n for h in range(1, n)), key=lambda a: abs(a - 180.0))
+            return [0.0]
+        headings = [360.0 * h / n for h in range(n)]
+        if init is None:
+            return [0.0] + sorted(headings[1:], key=lambda a: abs(a - 180.0))
+        yaw = geometry.yaw_deg(init)
+        return sorted(headings, key=lambda a: abs(geometry.angle_difference_deg(a, yaw)))
+
+    def _features_at(self, src: PreparedCloud, heading: float, timer: _Timer) -> torch.Tensor:
+        """``src.features`` at heading 0, else ``_turned_features`` (timed as features)."""
+        if heading == 0.0:
+            return src.features
+        with timer.stage("features", self.device):
+            return self._turned_features(src, heading)
 
     def _turned_features(self, src: PreparedCloud, heading_deg: float) -> torch.Tensor:
         """``(M, C)`` FCGF descriptors of the source voxels turned by ``heading_deg`` about z, row

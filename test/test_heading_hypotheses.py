@@ -68,13 +68,17 @@ def test_yaw_transform_is_exact_at_right_angles():
 
 
 def test_only_the_global_learned_search_turns_the_source(loop_pair):
-    """Tracking has the motion prior's heading and FPFH is rotation invariant: neither tries turns."""
+    """Tracking has the motion prior's heading and FPFH is rotation invariant: neither tries turns.
+    Without a prior the heading as given comes first, then the turn-around; with one (the odometry's
+    prediction) the headings nearest the prior's yaw come first."""
     reg = Registrar(RegistrationConfig())
     src = reg.prepare(loop_pair.source)
-    assert reg._extra_headings(src, support=None) == [180.0, 90.0, 270.0]
-    assert reg._extra_headings(src, support=(torch.zeros(0), torch.zeros(0))) == []
+    assert reg._headings(src, support=None) == [0.0, 180.0, 90.0, 270.0]
+    assert reg._headings(src, support=None, init=geometry.yaw_transform(-80.0)) == [270.0, 0.0, 180.0, 90.0]
+    assert reg._headings(src, support=None, init=geometry.yaw_transform(30.0))[:2] == [0.0, 90.0]
+    assert reg._headings(src, support=(torch.zeros(0), torch.zeros(0))) == [0.0]
     fpfh = Registrar(RegistrationConfig(features="fpfh"))
-    assert fpfh._extra_headings(fpfh.prepare(loop_pair.source), support=None) == []
+    assert fpfh._headings(fpfh.prepare(loop_pair.source), support=None) == [0.0]
 
 
 def test_turned_pair_keeps_the_ground_truth_alignment(loop_pair):

@@ -160,6 +160,25 @@ def test_after_a_gap_the_scan_is_found_again_against_the_keyframe(vlp16_town, de
     assert found.segment == 0  # continuity kept: same segment
 
 
+def test_a_correction_the_prior_explains_is_tracked_when_icp_from_the_prediction_agrees(
+        vlp16_town, default_odometry_registrar):
+    """A node that falls behind takes scans at uneven intervals: here scan 7 arrives stamped as
+    scan 4 would be, so the constant-velocity prediction is about 0.4 m short. Tracking corrects
+    it (beyond the 0.3 m that confirms a prediction, within ``prior_radius``), ICP from the
+    prediction lands on the same pose: that stands without a global search."""
+    seq, gt = vlp16_town
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=default_odometry_registrar)
+    assert all(s.success for s in _track(odo, seq, range(4), seq.stamps[:4]))
+    stamp = float(seq.stamps[4])
+    short = geometry.transform_errors(odo._predict(stamp), gt[7])[1]
+    step = odo.step(seq[7].points, stamp)
+    assert 0.35 < short < 1.0  # off by more than a confirmation allows, less than the tracking radius
+    assert step.success and step.result.search == "prior", step.message
+    assert "alt_refine" in step.result.timings  # ICP from the prediction ran and agreed
+    re, te = geometry.transform_errors(step.pose, gt[7])
+    assert te < 0.15 and re < 1.0, (re, te)
+
+
 def test_stamps_must_advance_and_a_big_step_back_restarts(vlp16_town, default_odometry_registrar):
     seq, _ = vlp16_town
     odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=default_odometry_registrar)

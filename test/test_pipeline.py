@@ -152,9 +152,11 @@ def test_shipped_weights_register_a_held_out_synthetic_pair_by_default():
     result = reg.register(pair.source, pair.target)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert result.success and re < 5.0 and te < 0.6, (result.message, re, te)
-    # The FCGF S-step calibration (docs/matching.md): thousands of S2H matches, a good share of them
-    # inliers, from the calibrated rule itself (the constant-profit safeguard would keep > 10k).
-    assert 1000 <= len(result.correspondences) <= 10000 and result.inlier_ratio >= 0.1
+    # The FCGF S-step calibration (docs/matching.md), on every voxel (no quick first try on a subset):
+    # thousands of S2H matches, a good share of them inliers, from the calibrated rule itself (the
+    # constant-profit safeguard would keep > 10k).
+    whole = Registrar(RegistrationConfig(global_max_points=0)).register(pair.source, pair.target)
+    assert whole.success and 1000 <= len(whole.correspondences) <= 10000 and whole.inlier_ratio >= 0.1
 
 
 def test_fpfh_features_use_their_own_s_step_and_register_the_real_kitti_loop_pair():
@@ -189,3 +191,38 @@ def test_tracking_search_matches_around_the_prior_and_agrees_with_the_global_sea
     assert tracked.num_candidates < found.num_candidates
     with pytest.raises(ValueError, match="needs init"):
         reg.register(src, tgt, search="prior")
+
+
+def test_a_matched_subset_indexes_the_whole_source_and_refines_on_every_voxel():
+    """``prior_max_points`` (tracking) / ``global_max_points`` (the global search's first try): S2H
+    matches a fixed random subset of the source voxels, but the correspondences index the whole
+    source and ICP / verification use all of it, so the answer stays that of the whole cloud."""
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+
+    pair = synthetic_pairs(1, seed=6, min_distance=2.0, max_distance=4.0)[0]
+    whole, part = Registrar(RegistrationConfig(prior_max_points=0)), Registrar(RegistrationConfig(prior_max_points=1500))
+    src, tgt = whole.prepare(pair.source), whole.prepare(pair.target)
+    assert len(src.xyz) > 4 * 1500
+    init = pair.T_gt @ geometry.make_transform(np.eye(3), np.array([0.4, 0.3, 0.0]))
+    full, sub = (reg.register(src, tgt, init=init, search="prior") for reg in (whole, part))
+    rows = np.unique(sub.correspondences[:, 0])
+    assert len(rows) <= 1500 < len(np.unique(full.correspondences[:, 0]))
+    assert rows.max() > 1500  # rows of the whole source, not of the subset
+    np.testing.assert_array_equal(sub.source_xyz, src.xyz)  # the result carries every voxel
+    assert sub.success and sub.num_candidates < full.num_candidates / 3
+    assert sub.fitness == pytest.approx(full.fitness, abs=0.01)  # verified on every voxel
+    for result in (full, sub):
+        re, te = geometry.transform_errors(result.transform, pair.T_gt)
+        assert re < 0.5 and te < 0.1, (re, te)
+    again = part.register(src, tgt, init=init, search="prior")  # the subset is drawn with a fixed seed
+    np.testing.assert_array_equal(again.correspondences, sub.correspondences)
+    # The global search's quick first try (with a prior): a decisive result from the subset stands ...
+    quick = Registrar(RegistrationConfig(global_max_points=1500)).register(src, tgt, init=init)
+    assert quick.success and quick.search == "global" and quick.inlier_ratio >= 0.1
+    assert len(np.unique(quick.correspondences[:, 0])) <= 1500 < quick.correspondences[:, 0].max()
+    # ... one that is not decisive hands over to the full search on every voxel, and without a
+    # prior (no likely heading) the full search runs at once.
+    few = Registrar(RegistrationConfig(global_max_points=20)).register(src, tgt, init=init)
+    no_prior = Registrar(RegistrationConfig(global_max_points=1500)).register(src, tgt)
+    for result in (few, no_prior):
+        assert result.success and len(np.unique(result.correspondences[:, 0])) > 1500

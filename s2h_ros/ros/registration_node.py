@@ -33,6 +33,7 @@ the diagnostics and turn its status to ERROR for the period in which they happen
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -51,6 +52,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
+import torch
 
 from s2h_ros import geometry, stamps
 from s2h_ros.config import ConfigError
@@ -77,6 +79,7 @@ class RegistrationNode(Node):
         p = self.settings.node
         self.odom_frame, self.base_frame = _frame_parameters(p)
         self.frames = OdomFrame(pose_parameter("sensor_to_base", p["sensor_to_base"]), has_base=bool(self.base_frame))
+        torch.set_num_threads(_cpu_threads(int(p["cpu_threads"])))
         self.registrar, features = _start_registrar(self.settings.registration)
         self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
         self._rng = np.random.default_rng(0)
@@ -304,6 +307,11 @@ def _frame_parameters(p: dict[str, Any]) -> tuple[str, str]:
                           f"{p['odom_frame']} -> {p['odom_frame']}); name the robot base, or leave it empty "
                           "for the sensor frame")
     return p["odom_frame"], p["base_frame"]
+
+
+def _cpu_threads(requested: int) -> int:
+    """``cpu_threads``: as given, or 0 -> all cores but one, at least 1."""
+    return requested if requested > 0 else max(1, (os.cpu_count() or 1) - 1)
 
 
 def _start_registrar(cfg) -> tuple[Registrar, str]:

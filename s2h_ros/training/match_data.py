@@ -59,14 +59,6 @@ class MatchSample:
         return np.linalg.norm(geometry.apply_transform(self.T_gt, self.xs.astype(np.float64)) - self.ys, axis=1)
 
 
-def _yaw_deg(T: np.ndarray) -> float:
-    return float(np.degrees(np.arctan2(T[1, 0], T[0, 0])))
-
-
-def _wrap(deg: float) -> float:
-    return (deg + 180.0) % 360.0 - 180.0
-
-
 def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.ndarray, rng: np.random.Generator,
                  wrong_heading: float = 0.2, prior_sigma: float = 0.25, prior_yaw_sigma_deg: float = 1.0,
                  name: str = "") -> list[MatchSample]:
@@ -83,8 +75,8 @@ def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.nda
         raise ValueError("training pairs are expected near the origin")
     samples = []
     # Global: the hypothesis h whose turned source is nearest the target's heading (|yaw - h| <= 45).
-    hypotheses = sorted([0.0, *registrar._extra_headings(src, None)])
-    right = min(hypotheses, key=lambda h: abs(_wrap(_yaw_deg(T) - h)))
+    hypotheses = sorted(registrar._headings(src, None))
+    right = min(hypotheses, key=lambda h: abs(geometry.angle_difference_deg(geometry.yaw_deg(T), h)))
     heading = right
     if rng.uniform() < wrong_heading and len(hypotheses) > 1:
         heading = float(rng.choice([h for h in hypotheses if h != right]))
