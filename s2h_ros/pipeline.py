@@ -91,9 +91,11 @@ class PreparedCloud:
             self._planarity = surface_planarity(self.xyz, NORMAL_RADIUS_VOXELS * voxel_size)
         return self._planarity
 
-    def subset(self, index: np.ndarray) -> "PreparedCloud":
-        """The voxels ``index`` ``(K,)`` int64 with their features, same origin (nothing cached is shared)."""
-        return dataclasses.replace(self, xyz=self.xyz[index], features=self.features[torch.as_tensor(index, device=self.features.device)],
+    def subset(self, index: np.ndarray, features: torch.Tensor | None = None) -> "PreparedCloud":
+        """The voxels ``index`` ``(K,)`` int64 with their rows of ``features`` ``(M, C)`` (default: this
+        cloud's; e.g. those of the cloud turned to a heading), same origin (nothing cached is shared)."""
+        features = self.features if features is None else features
+        return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
                                    _normals=None, _planarity=None, _tree=None)
 
     def kdtree(self):
@@ -381,18 +383,20 @@ class Registrar:
 
         if search not in ("global", "prior"):
             raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
-        if search == "prior" and cfg.matcher == "s2h":
+        tracking = search == "prior" and cfg.matcher == "s2h"  # the nn matchers search globally
+        turned: dict[float, torch.Tensor] = {}  # source features per heading, computed once per call
+        if tracking:
             if init is None:
                 raise ValueError("search='prior' needs init (the motion prior)")
             picked = self._matched_subset(src, cfg.prior_max_points)
             with timer.stage("support"):
                 support = self.prior_support(src if picked is None else src.subset(picked), tgt, init)
-            result = self._search(src, tgt, init, timer, support, picked)
+            result = self._search(src, tgt, init, timer, turned, support, picked)
         else:
-            result = None if init is None else self._quick_global(src, tgt, init, timer)
+            result = self._quick_global(src, tgt, init, timer, turned)
             if result is None:
-                result = self._search(src, tgt, init, timer)
-        result.search = "prior" if search == "prior" and cfg.matcher == "s2h" else "global"  # the nn matchers search globally
+                result = self._search(src, tgt, init, timer, turned)
+        result.search = "prior" if tracking else "global"
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
 
@@ -406,20 +410,21 @@ class Registrar:
             return None
         return np.sort(np.random.default_rng(self.config.seed).choice(n, m, replace=False))
 
-    def _quick_global(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None,
-                      timer: _Timer) -> RegistrationResult | None:
+    def _quick_global(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None, timer: _Timer,
+                      turned: dict[float, torch.Tensor]) -> RegistrationResult | None:
         """The global search's first try when a prior exists (``init``: the odometry's prediction):
         ``global_max_points`` source voxels matched at the heading hypothesis nearest the prior's
         yaw (``_headings``; as given unless the prior turns by more than 45 deg, e.g. a keyframe
         before a turn), refined and verified on every voxel. Its result when decisive (``_decisive``), else
         None and the full search runs (every voxel, every heading, the safeguard), so a hard pair
-        loses nothing but this try."""
-        picked = self._matched_subset(src, self.config.global_max_points)
+        loses nothing but this try (the turned features it computed are kept in ``turned``). None
+        at once without a prior."""
+        picked = None if init is None else self._matched_subset(src, self.config.global_max_points)
         if picked is None:
             return None
         heading = self._headings(src, None, init)[0]
-        hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer), None, init, timer, picked,
-                                      heading, defer=True)
+        hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
+                                      picked, heading, defer=True)
         if hyp.deferred:  # the weights say "no inliers" here: no RANSAC on a subset, the full search decides
             return None
         result = self._finished(src, tgt, hyp, timer)
@@ -432,26 +437,26 @@ class Registrar:
         ``support`` over the subset's rows), its pairs indexing the whole source."""
         if picked is None:
             return self._hypothesis(src, tgt, features, support, init, timer, heading, defer)
-        rows = torch.as_tensor(picked, device=features.device)
-        sub = dataclasses.replace(src.subset(picked), features=features[rows])
+        sub = src.subset(picked, features)
         hyp = self._hypothesis(sub, tgt, sub.features, support, init, timer, heading, defer)
         return dataclasses.replace(hyp, pairs=np.column_stack([picked[hyp.pairs[:, 0]], hyp.pairs[:, 1]]))
 
     def _search(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None, timer: _Timer,
-                support=None, picked: np.ndarray | None = None) -> RegistrationResult:
+                turned: dict[float, torch.Tensor], support=None, picked: np.ndarray | None = None) -> RegistrationResult:
         """Matches of the source rows ``picked`` (None: all) on ``support`` (None: global) -> the
         first hypothesis; globally with learned features the other headings until one is decisive;
-        DGR's safeguard when none is trusted. The best result, refined and verified."""
+        DGR's safeguard when none is trusted. The best result, refined and verified. ``turned``:
+        source features per heading already computed in this call (filled as it goes)."""
         headings = self._headings(src, support, init)
-        first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer), support, init, timer,
-                                        picked, headings[0])
+        first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
+                                        timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
         result = self._finished(src, tgt, first, timer)
         for heading in headings[1:]:
             if _decisive(result):
                 break
-            turned = self._features_at(src, heading, timer)
-            hyp = self._subset_hypothesis(src, tgt, turned, None, init, timer, picked, heading, defer=True)
+            hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
+                                          picked, heading, defer=True)
             if hyp.deferred or hyp.learned:
                 unsettled.append(hyp)
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
@@ -507,12 +512,16 @@ class Registrar:
         yaw = geometry.yaw_deg(init)
         return sorted(headings, key=lambda a: abs(geometry.angle_difference_deg(a, yaw)))
 
-    def _features_at(self, src: PreparedCloud, heading: float, timer: _Timer) -> torch.Tensor:
-        """``src.features`` at heading 0, else ``_turned_features`` (timed as features)."""
+    def _features_at(self, src: PreparedCloud, heading: float, timer: _Timer,
+                     turned: dict[float, torch.Tensor]) -> torch.Tensor:
+        """``src.features`` at heading 0, else ``_turned_features`` (timed as features), computed once
+        per heading and kept in ``turned``."""
         if heading == 0.0:
             return src.features
-        with timer.stage("features", self.device):
-            return self._turned_features(src, heading)
+        if heading not in turned:
+            with timer.stage("features", self.device):
+                turned[heading] = self._turned_features(src, heading)
+        return turned[heading]
 
     def _turned_features(self, src: PreparedCloud, heading_deg: float) -> torch.Tensor:
         """``(M, C)`` FCGF descriptors of the source voxels turned by ``heading_deg`` about z, row
