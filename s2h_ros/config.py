@@ -96,6 +96,9 @@ class OdometryConfig:
     max_gap: float = field(default=1.0, metadata=_meta("seconds without a trusted scan after which the motion prior is not trusted (a failure then means lost at once), unless gap_periods scan intervals are longer; stamps this far backwards reset the odometry", 0.01, 3600.0))
     ambiguity_margin: float = field(default=0.05, metadata=_meta("two disagreeing hypotheses (global, motion prior): the winner must explain this much more of the scan within inlier_distance / 2, else neither is trusted", 0.0, 1.0))
     relocalisation_keyframes: int = field(default=5, metadata=_meta("recent keyframes kept to relocalise against when tracking is lost", 1, 1000))
+    map_keyframes: int = field(default=5, metadata=_meta("fine refinement: a trusted pose is refined against a local map of the last this many keyframe scans (robust point-to-plane ICP at map_voxel, s2h_ros.local_map); a refinement that moves it by more than the registration's agreement tolerance is not used; 0: poses are the registration's against the current keyframe alone", 0, 1000))
+    map_voxel: float = field(default=0.3, metadata=_meta("fine refinement: metres, the downsampling of scans and of the local map", 0.01, 10.0))
+    relocalisation_tries: int = field(default=2, metadata=_meta("when tracking is lost, at most this many kept keyframes besides the current one are searched, nearest the predicted position first (each failed search is a full one: seconds on a CPU, while the sensor moves on)", 0, 1000))
     gap_periods: float = field(default=3.0, metadata=_meta("a gap is also counted in scans: the motion prior stays trusted up to this many typical scan intervals (median of the last 10 stamp differences) when that is longer than max_gap, e.g. when the node falls behind its sensor and takes a scan every 1-3 s; 0: max_gap alone", 0.0, 1000.0))
 
     def __post_init__(self) -> None:

@@ -286,3 +286,19 @@ def test_eval_command_reads_a_kitti_layout_sequence_folder(tmp_path):
     summary = json.loads(out.read_text())["summary"]["icp"]
     assert summary["frames"] == 5 and summary["length_m"] > 1.0  # the vehicle moved
     assert summary["ate_rmse_m"] < 0.05  # read back from velodyne/*.bin + poses.txt + calib.txt
+
+
+def test_the_s2h_method_on_a_sequence_is_the_nodes_keyframe_odometry(tmp_path):
+    """`s2h eval ... --methods s2h` on a sequence runs KeyframeOdometry (tracking, trust, the local
+    map) on the scans in order, not chained pair registrations: its summary counts the trusted scans."""
+    from s2h_ros.cli import main
+    from s2h_ros.datasets.synthetic.sequence import simulate_sequence
+
+    simulate_sequence(n_frames=8, seed=5, sensor="hdl64", speed=8.0).write_kitti(tmp_path / "seq")
+    out = tmp_path / "odometry.json"
+    assert main(["eval", "--dataset", "kitti", "--root", str(tmp_path / "seq"), "--methods", "s2h",
+                 "--json", str(out), "--no-progress"]) == 0
+    summary = json.loads(out.read_text())["summary"]["s2h"]
+    assert summary["frames"] == 8 and summary["trusted"] == 8 and "not_trusted" not in summary
+    assert summary["initialised"] == 1  # the first scan starts the odometry
+    assert summary["length_m"] > 4.0 and summary["ate_rmse_m"] < 0.03

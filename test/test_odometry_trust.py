@@ -77,7 +77,8 @@ def test_a_relocalisation_after_lost_tracking_must_be_reproduced_too(soak_drive,
     odo = KeyframeOdometry(odometry=OdometryConfig(max_failures=1), registrar=as_given)
     assert odo.step(soak_drive[44].points, 4.4).success
     far = as_given.prepare(soak_drive[0].points)
-    odo._add_keyframe(far, _truth(soak_drive, 44, 0), 4.4, np.zeros((6, 6)))  # kept 44, current 0
+    odo._add_keyframe(far, odo.local_map.scan(soak_drive[0].points), _truth(soak_drive, 44, 0), 4.4,
+                      np.zeros((6, 6)))  # kept 44, current 0
     lost = odo.step(soak_drive[61].points, 6.1)
     assert not lost.success and lost.event == "new_segment", (lost.event, lost.message)
     assert lost.message.startswith("tracking lost (") and "no kept keyframe matches" in lost.message

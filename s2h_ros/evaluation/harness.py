@@ -298,7 +298,8 @@ class SequenceEvaluation:
 
 
 def evaluate_sequence(methods: dict[str, Any], sequence: Sequence, progress: bool = True) -> SequenceEvaluation:
-    """Run each method's odometry over ``sequence`` (chained pairs if it has none) and score it.
+    """Run each method's odometry over ``sequence`` (chained pairs if it has none) and score it;
+    a method's ``odometry_info`` (counts of trusted scans, events) joins its summary.
 
     ``time_per_frame_ms`` is the method's own time: scan loading is timed apart (``load_time_s``);
     peak RSS covers the whole call, loading included.
@@ -325,5 +326,5 @@ def evaluate_sequence(methods: dict[str, Any], sequence: Sequence, progress: boo
                              "load_time_s": seq.load_s,
                              "time_per_frame_ms": 1e3 * (m.wall_s - seq.load_s) / len(poses),
                              "peak_rss_mb": m.peak_rss_mb, "rss_method": m.rss_method,
-                             "cuda_peak_mb": m.cuda_peak_mb}
+                             "cuda_peak_mb": m.cuda_peak_mb, **getattr(method, "odometry_info", {})}
     return out

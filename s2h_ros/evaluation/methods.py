@@ -14,6 +14,7 @@ problem, never with an ImportError when the evaluation package is imported.
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -119,7 +120,8 @@ def make_method(name: str, scale: str = "outdoor", **overrides: Any) -> Any:
 
 
 class PipelineMethod:
-    """The SHM_DGR pipeline (``s2h_ros.pipeline.register``) as a pair method named ``s2h``.
+    """The SHM_DGR pipeline (``s2h_ros.pipeline.register``) as a pair method named ``s2h``, and on
+    sequences the keyframe odometry the node runs (``odometry``).
 
     Without an explicit ``config`` it uses the pipeline's defaults with the scale's voxel size
     (inlier distance 2 x voxel, as DGR) and ``device``; ``variant`` (``"matcher=nn+k=8"``)
@@ -148,6 +150,30 @@ class PipelineMethod:
             config = config.replace(**parse_overrides(RegistrationConfig, variant))
         self.config = config
         self.name = f"s2h:{variant}" if variant else "s2h"
+
+    def odometry(self, sequence: Sequence) -> np.ndarray:
+        """``(len, 4, 4)`` poses from the keyframe odometry the node runs (``s2h_ros.odometry``:
+        tracking, global search, trust, the local map at this voxel size), scans in order with
+        their stamps (0.1 s apart where a scan has none). A scan it does not trust keeps the last
+        trusted pose, as the replay evaluation holds it; ``odometry_info`` counts them."""
+        from s2h_ros.config import OdometryConfig
+        from s2h_ros.odometry import KeyframeOdometry
+        from s2h_ros.pipeline import Registrar
+
+        odo = KeyframeOdometry(odometry=OdometryConfig(map_voxel=self.config.voxel_size),
+                               registrar=Registrar(self.config))
+        poses, pose = [], np.eye(4)
+        counts: Counter[str] = Counter()
+        for i, scan in enumerate(sequence):
+            stamp = getattr(scan, "stamp", None)
+            step = odo.step(scan.points, float(stamp) if stamp is not None else 0.1 * i)
+            if step.success:
+                pose = step.pose
+            counts["trusted" if step.success else "not_trusted"] += 1
+            counts.update([step.event] if step.event else [])
+            poses.append(pose)
+        self.odometry_info = dict(counts)
+        return np.stack(poses)
 
     def register(self, source: np.ndarray, target: np.ndarray) -> MethodResult:
         r = self._register(source, target, config=self.config)

@@ -183,6 +183,8 @@ class RegistrationNode(Node):
         self._note_event(step, scan_id)
         if step.success:
             self._publish_pose(step, stamp, sensor_frame, scan_id)
+            if step.refinement is not None and not step.refinement.used:  # the registration's pose stands
+                self.get_logger().info(f"scan {scan_id}: {step.refinement.message}")
             if step.new_keyframe:
                 self.stats["keyframes"] += 1
         else:
