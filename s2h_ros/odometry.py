@@ -126,7 +126,8 @@ class KeyframeOdometry:
         self.registrar = registrar or Registrar(registration)
         self.local_map = None
         if self.cfg.map_keyframes:
-            self.local_map = LocalMap(self.cfg.map_voxel, self.cfg.map_keyframes, self.registrar.config)
+            self.local_map = LocalMap(self.cfg.map_voxel or self.registrar.config.voxel_size, self.cfg.map_keyframes,
+                                      self.registrar.config)
         self.count = 0
         self.segment = 0
         self.keyframe_id = -1

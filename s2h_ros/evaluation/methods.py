@@ -153,15 +153,14 @@ class PipelineMethod:
 
     def odometry(self, sequence: Sequence) -> np.ndarray:
         """``(len, 4, 4)`` poses from the keyframe odometry the node runs (``s2h_ros.odometry``:
-        tracking, global search, trust, the local map at this voxel size), scans in order with
+        tracking, global search, trust, the local map), scans in order with
         their stamps (0.1 s apart where a scan has none). A scan it does not trust keeps the last
         trusted pose, as the replay evaluation holds it; ``odometry_info`` counts them."""
         from s2h_ros.config import OdometryConfig
         from s2h_ros.odometry import KeyframeOdometry
         from s2h_ros.pipeline import Registrar
 
-        odo = KeyframeOdometry(odometry=OdometryConfig(map_voxel=self.config.voxel_size),
-                               registrar=Registrar(self.config))
+        odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=Registrar(self.config))
         poses, pose = [], np.eye(4)
         counts: Counter[str] = Counter()
         for i, scan in enumerate(sequence):
