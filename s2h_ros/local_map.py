@@ -29,7 +29,7 @@ import numpy as np
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.pipeline import check_cloud, estimate_normals, refine_icp
+from s2h_ros.pipeline import CheckedCloud, check_cloud, estimate_normals, refine_icp
 
 
 @dataclass
@@ -44,14 +44,12 @@ class Refinement:
     ms: float
 
 
-def downsample(points: np.ndarray, voxel: float) -> np.ndarray:
-    """``(M, 3)`` float64: one point per occupied ``voxel`` (the mean of its points, Open3D) of the
-    finite rows of ``(N, >=3)`` ``points``."""
+def downsample(xyz: np.ndarray, voxel: float) -> np.ndarray:
+    """``(M, 3)`` float64: one point per occupied ``voxel`` (the mean of its points, Open3D) of
+    ``(N, 3)`` finite points."""
     import open3d as o3d
 
-    xyz = np.asarray(points)[:, :3].astype(np.float64)
-    xyz = xyz[np.isfinite(xyz).all(axis=1)]
-    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(xyz))
+    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
     return np.asarray(cloud.voxel_down_sample(voxel).points)
 
 
@@ -80,12 +78,13 @@ class LocalMap:
         self._scans.clear()
         self._map = None
 
-    def scan(self, points: np.ndarray) -> np.ndarray:
+    def scan(self, points: np.ndarray | CheckedCloud) -> np.ndarray:
         """``(N, >=3)`` points (sensor frame) as ``add`` and ``refine`` take them: ``(M, 3)`` float64,
         downsampled at ``voxel``, of the points the registration keeps (``pipeline.check_cloud``:
         finite, within range of the median: one point at 1e9 m must not break the voxel grid).
-        Raises ``RegistrationError`` where ``Registrar.prepare`` would."""
-        checked = check_cloud("scan", points, self.check_voxel)
+        The odometry passes the cloud it checked for ``Registrar.prepare``; raw points are checked
+        here and raise ``RegistrationError`` where ``prepare`` would."""
+        checked = points if isinstance(points, CheckedCloud) else check_cloud("scan", points, self.check_voxel)
         return downsample(checked.xyz.astype(np.float64) + checked.origin, self.voxel)
 
     def add(self, scan: np.ndarray, pose: np.ndarray) -> None:

@@ -58,7 +58,8 @@ from scipy.spatial.transform import Rotation
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.local_map import LocalMap, Refinement
-from s2h_ros.pipeline import PreparedCloud, Registrar, RegistrationError, RegistrationResult, ransac_on_correspondences
+from s2h_ros.pipeline import (PreparedCloud, Registrar, RegistrationError, RegistrationResult, check_cloud,
+                              ransac_on_correspondences)
 
 # Two hypotheses closer than this agree (translation: half the inlier distance).
 AGREE_ROTATION_DEG = 2.0
@@ -177,8 +178,9 @@ class KeyframeOdometry:
         self.received_stamp = stamp
         try:
             self._check(points)
-            prepared = self.registrar.prepare(points)
-            scan = self.local_map.scan(points) if self.local_map is not None else None  # for the fine refinement
+            checked = check_cloud("cloud", points, self.registrar.config.voxel_size)  # once, for both uses
+            prepared = self.registrar.prepare(checked)
+            scan = self.local_map.scan(checked) if self.local_map is not None else None  # for the fine refinement
         except RegistrationError as exc:
             return self._failed(index, stamp, f"bad scan: {exc}", None)
         if not self.keyframes:
@@ -350,12 +352,13 @@ class KeyframeOdometry:
         dt = stamp - self.last_stamp
         if dt > 0:
             delta = geometry.invert_transform(self.last_pose) @ pose
-            self.twist = np.concatenate([delta[:3, 3], Rotation.from_matrix(delta[:3, :3]).as_rotvec()]) / dt
+            if event:  # relocalised after a gap or a loss (same odometry frame): see _relocalised_twist
+                self.twist = _relocalised_twist(delta, dt)
+            else:
+                self.twist = np.concatenate([delta[:3, 3], Rotation.from_matrix(delta[:3, :3]).as_rotvec()]) / dt
             body = geometry.adjoint(geometry.invert_transform(result.transform))  # keyframe -> scan body frame
             self.twist_cov = 2.0 * (body @ cov_rel @ body.T) / dt**2
             self.twist_known = True
-            if event:  # relocalised after a gap or a loss (same odometry frame): see _relocalised_twist
-                self.twist = _relocalised_twist(delta, dt)
         self.failures = 0
         self.last_pose, self.last_stamp, self.last_cov = pose, stamp, covariance
         new_kf = self._needs_keyframe(result)

@@ -321,13 +321,14 @@ class Registrar:
             kind = "fcgf" if fits else "fpfh"
         return kind
 
-    def prepare(self, xyz: np.ndarray, name: str = "cloud") -> PreparedCloud:
+    def prepare(self, xyz: np.ndarray | CheckedCloud, name: str = "cloud") -> PreparedCloud:
         """Voxelise ``(N, 3)`` points and compute per-voxel features (the expensive, cacheable half).
 
-        ``name`` (e.g. "source") starts the messages of the :class:`RegistrationError` it raises."""
+        ``name`` (e.g. "source") starts the messages of the :class:`RegistrationError` it raises;
+        a :class:`CheckedCloud` (``check_cloud`` at this voxel size) is not checked again."""
         cfg = self.config
         timer = _Timer()
-        checked = check_cloud(name, xyz, cfg.voxel_size)
+        checked = xyz if isinstance(xyz, CheckedCloud) else check_cloud(name, xyz, cfg.voxel_size)
         points = checked.xyz
         with timer.stage("voxelize", self.device):
             keep = geometry.voxel_downsample(points, cfg.voxel_size, self.device)

@@ -169,7 +169,8 @@ class PipelineMethod:
             if step.success:
                 pose = step.pose
             counts["trusted" if step.success else "not_trusted"] += 1
-            counts.update([step.event] if step.event else [])
+            if step.event:
+                counts[step.event] += 1
             poses.append(pose)
         self.odometry_info = dict(counts)
         return np.stack(poses)
