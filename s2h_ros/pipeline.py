@@ -792,7 +792,7 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
         2.0 * cfg.voxel_size,
         T,
         reg.TransformationEstimationPointToPlane(loss),
-        reg.ICPConvergenceCriteria(max_iteration=cfg.refine_iters),
+        reg.ICPConvergenceCriteria(cfg.refine_tolerance, cfg.refine_tolerance, cfg.refine_iters),
     )
     return np.asarray(res.transformation, dtype=np.float64)
 
