@@ -87,6 +87,28 @@ def test_training_pairs_refuse_held_out_evaluation_seeds():
         next(synthetic_training_pairs(5, 998, per_world=1))
 
 
+def test_each_training_world_draws_its_own_sensor_family_mount_and_target_sensor():
+    """The general model's cache: sensor, scene family, mount height and a second target sensor are
+    drawn per world from its seed (so a cache regenerates exactly), and the pairs are rendered so."""
+    from s2h_ros.training.data import draw_world
+
+    sensors, families = ("vlp16", "os1_32", "hdl64"), ("town", "highway")
+    draws = [draw_world(s, sensors, families, (0.4, 2.2), mixed=0.5) for s in range(1000, 1060)]
+    assert draws == [draw_world(s, sensors, families, (0.4, 2.2), mixed=0.5) for s in range(1000, 1060)]
+    assert {d.sensor for d in draws} == set(sensors) and {d.family for d in draws} == set(families)
+    assert all(0.4 <= d.mount_height <= 2.2 for d in draws)
+    mixed = [d for d in draws if d.target_sensor]
+    assert 10 <= len(mixed) <= 40 and all(d.target_sensor != d.sensor for d in mixed)
+    assert all(d.target_sensor is None for d in (draw_world(s, sensors, families) for s in range(1000, 1030)))
+
+    world = next(s for s, d in zip(range(1000, 1060), draws) if d.target_sensor)
+    pair = next(synthetic_training_pairs(1, world, per_world=1, sensor=sensors, family=families,
+                                         mount_heights=(0.4, 2.2), mixed=0.5))
+    want = draw_world(world, sensors, families, (0.4, 2.2), mixed=0.5)
+    assert (pair.meta["sensor"], pair.meta["target_sensor"], pair.meta["family"]) == (
+        want.sensor, want.target_sensor, want.family)
+
+
 # ------------------------------------------------------------------------------ augmentation
 
 

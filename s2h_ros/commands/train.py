@@ -47,7 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--seed", type=int, required=True, help="first world seed (training 1000+, validation 2000+)")
     d.add_argument("--split", default="", help="train or val (default: val for seeds >= 2000, else train)")
     d.add_argument("--per-world", type=int, default=5, help="pairs per synthetic world (one drive each)")
-    d.add_argument("--sensor", default="hdl64", help="lidar preset (hdl64, vlp32, vlp16, os128, ...)")
+    d.add_argument("--sensors", "--sensor", nargs="+", default=["hdl64"],
+                   help="lidar presets (hdl64, vlp32, vlp16, os128, ...), one drawn per world")
+    d.add_argument("--families", nargs="+", default=["town"], help="scene families, one drawn per world")
+    d.add_argument("--mount-heights", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help="mount height drawn per world, uniform in MIN..MAX m (default: each sensor's)")
+    d.add_argument("--mixed", type=float, default=0.0,
+                   help="probability that a world's targets come from a second drawn sensor")
     d.add_argument("--voxel", type=float, default=0.3, help="voxel size of the stored clouds (m)")
     d.add_argument("--min-distance", type=float, default=10.0, help="min sensor distance of a pair (m)")
     d.add_argument("--max-distance", type=float, default=20.0, help="max sensor distance of a pair (m)")
@@ -144,9 +150,11 @@ def _run_data(args: argparse.Namespace) -> int:
     from s2h_ros.training.data import synthetic_training_pairs, write_pairs
 
     split = args.split or ("val" if args.seed >= 2000 else "train")
-    pairs = synthetic_training_pairs(args.pairs, args.seed, args.per_world, args.sensor,
-                                     args.min_distance, args.max_distance)
-    meta = {"seed": args.seed, "per_world": args.per_world, "sensor": args.sensor,
+    pairs = synthetic_training_pairs(args.pairs, args.seed, args.per_world, tuple(args.sensors),
+                                     args.min_distance, args.max_distance, tuple(args.families),
+                                     tuple(args.mount_heights) if args.mount_heights else None, args.mixed)
+    meta = {"seed": args.seed, "per_world": args.per_world, "sensors": args.sensors, "families": args.families,
+            "mount_heights": args.mount_heights, "mixed": args.mixed,
             "min_distance": args.min_distance, "max_distance": args.max_distance,
             "source": "s2h_ros synthetic lidar world (procedural, generated here)"}
     t0 = time.perf_counter()

@@ -84,13 +84,37 @@ def write_pairs(out_dir: str | Path, pairs: Iterable[PointCloudPair], voxel: flo
     return out
 
 
-def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str = "hdl64",
+@dataclass(frozen=True)
+class WorldDraw:
+    """What one training world is rendered with, drawn from its seed (``draw_world``)."""
+
+    sensor: str
+    family: str | None
+    mount_height: float | None  # None: the sensor's own
+    target_sensor: str | None  # None: source and target from the same sensor
+
+
+def draw_world(seed: int, sensors: tuple[str, ...], families: tuple[str | None, ...],
+               mount_heights: tuple[float, float] | None = None, mixed: float = 0.0) -> WorldDraw:
+    """The sensor, scene family, mount height and (with probability ``mixed``) a second sensor for
+    the targets of world ``seed``: a pure function of the seed, so a cache can be regenerated."""
+    rng = np.random.default_rng([seed, 77])
+    sensor, family = str(rng.choice(sensors)), families[int(rng.integers(len(families)))]
+    height = float(rng.uniform(*mount_heights)) if mount_heights else None
+    target = str(rng.choice(sensors)) if len(sensors) > 1 and rng.uniform() < mixed else None
+    return WorldDraw(sensor, family, height, target if target != sensor else None)
+
+
+def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str | tuple[str, ...] = "hdl64",
                              min_distance: float = 10.0, max_distance: float = 20.0,
-                             family: str | None = None) -> Iterator[PointCloudPair]:
+                             family: str | None | tuple[str | None, ...] = None,
+                             mount_heights: tuple[float, float] | None = None,
+                             mixed: float = 0.0) -> Iterator[PointCloudPair]:
     """``n`` synthetic pairs from worlds ``seed, seed + 1, ...`` (``per_world`` pairs each), lazily.
 
-    ``family`` picks the scene family of every world (default: the town; see ``FAMILIES``).
-
+    ``sensor`` and ``family`` (default: the town; see ``FAMILIES``) are one preset or a tuple to
+    draw from per world, with a mount height uniform in ``mount_heights`` (default: the sensor's)
+    and, with probability ``mixed``, targets rendered by a second drawn sensor (``draw_world``).
     Several short drives in different worlds give more varied scenes than one long drive.
     Seeds below 1000 are refused: they are the held-out evaluation worlds.
     """
@@ -101,14 +125,18 @@ def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str 
         raise ValueError(f"seeds {seed}..{last} overlap the held-out evaluation seeds 0-999")
     from s2h_ros.datasets.synthetic import synthetic_pairs
 
+    sensors = (sensor,) if isinstance(sensor, str) else tuple(sensor)
+    families = (family,) if family is None or isinstance(family, str) else tuple(family)
     made = 0
     world = seed
     while made < n:
+        draw = draw_world(world, sensors, families, mount_heights, mixed)
         k = min(per_world, n - made)
         while k >= 1:
             try:  # some worlds' drives are too short for k pairs: take fewer, the next world makes up
                 pairs = synthetic_pairs(k, world, min_distance=min_distance, max_distance=max_distance,
-                                        sensor=sensor, family=family)
+                                        sensor=draw.sensor, family=draw.family, mount_height=draw.mount_height,
+                                        target_sensor=draw.target_sensor)
                 break
             except RuntimeError:
                 k //= 2
