@@ -73,12 +73,12 @@ def test_only_the_global_learned_search_turns_the_source(loop_pair):
     prediction) the headings nearest the prior's yaw come first."""
     reg = Registrar(RegistrationConfig())
     src = reg.prepare(loop_pair.source)
-    assert reg._headings(src, support=None) == [0.0, 180.0, 90.0, 270.0]
-    assert reg._headings(src, support=None, init=geometry.yaw_transform(-80.0)) == [270.0, 0.0, 180.0, 90.0]
-    assert reg._headings(src, support=None, init=geometry.yaw_transform(30.0))[:2] == [0.0, 90.0]
-    assert reg._headings(src, support=(torch.zeros(0), torch.zeros(0))) == [0.0]
+    assert reg.headings(src, support=None) == [0.0, 180.0, 90.0, 270.0]
+    assert reg.headings(src, support=None, init=geometry.yaw_transform(-80.0)) == [270.0, 0.0, 180.0, 90.0]
+    assert reg.headings(src, support=None, init=geometry.yaw_transform(30.0))[:2] == [0.0, 90.0]
+    assert reg.headings(src, support=(torch.zeros(0), torch.zeros(0))) == [0.0]
     fpfh = Registrar(RegistrationConfig(features="fpfh"))
-    assert fpfh._headings(fpfh.prepare(loop_pair.source), support=None) == [0.0]
+    assert fpfh.headings(fpfh.prepare(loop_pair.source), support=None) == [0.0]
 
 
 def test_turned_pair_keeps_the_ground_truth_alignment(loop_pair):

@@ -95,7 +95,7 @@ def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: 
             "match_prior": _median_ms(lambda: match_features(
                 src.features, tgt.features, cfg, "fcgf",
                 prior_support(predicted, tree, src.features, tgt.features, cfg.prior_radius, cfg.k)), dev, repeats),
-            "heading_features": _median_ms(lambda: reg._turned_features(src, 90.0), dev, repeats),
+            "heading_features": _median_ms(lambda: reg.turned_features(src, 90.0), dev, repeats),
         })
     keys = [k for k in rows[0] if k != "voxels"]
     out = {k: statistics.median(r[k] for r in rows) for k in keys}

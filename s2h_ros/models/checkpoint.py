@@ -94,14 +94,11 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def save_checkpoint(path: str | Path, model: ResUNet, **extra) -> Path:
-    """Write ``{state_dict, model: {kind, config}, **extra}`` (plain types only: loads with weights_only)."""
+    """Write ``{state_dict, model: {kind, config}, **extra}`` (plain types only: loads with
+    weights_only), atomically (``write_checkpoint``)."""
     kind = "inlier" if isinstance(model, InlierNetwork) else "fcgf"
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, "state_dict": model.state_dict(),
-            "model": {"kind": kind, "config": model.config.to_dict()}, **extra}
-    torch.save(data, path)
-    return path
+    return write_checkpoint(path, {"format": FORMAT, "state_dict": model.state_dict(),
+                                   "model": {"kind": kind, "config": model.config.to_dict()}, **extra})
 
 
 def inlier_entries(net: InlierNetwork | ContextInlierNetwork) -> dict:

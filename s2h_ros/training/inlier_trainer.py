@@ -187,16 +187,16 @@ class InlierTask:
                 **summarize(T_preds, T_gts)}
 
     def save(self, path: Path, extra: dict) -> None:
-        """DGR's layout: ``state_dict`` (FCGF) and ``state_dict_inlier``, loadable by ``models.load_dgr``."""
+        """DGR's layout: ``state_dict`` (FCGF) and ``state_dict_inlier``, loadable by ``models.load_dgr``
+        (written atomically, ``write_checkpoint``)."""
+        from s2h_ros.models.checkpoint import write_checkpoint
+
         nets = extra.pop("nets")
         fcgf = nets.get("fcgf", self.fcgf)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"state_dict": fcgf.state_dict(), "state_dict_inlier": nets["inlier"].state_dict(),
-                    "fcgf_config": fcgf.config.to_dict(), "inlier_config": nets["inlier"].config.to_dict(),
-                    "voxel": self.voxel, "trainer": f"inlier/{self.kind}", "matcher": self.matcher, **extra}, tmp)
-        tmp.replace(path)
+        write_checkpoint(path, {"state_dict": fcgf.state_dict(), "state_dict_inlier": nets["inlier"].state_dict(),
+                                "fcgf_config": fcgf.config.to_dict(), "inlier_config": nets["inlier"].config.to_dict(),
+                                "voxel": self.voxel, "trainer": f"inlier/{self.kind}", "matcher": self.matcher,
+                                **extra})
 
     def load(self, data: dict) -> None:
         from s2h_ros.models.checkpoint import load_weights

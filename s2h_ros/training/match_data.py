@@ -75,12 +75,12 @@ def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.nda
         raise ValueError("training pairs are expected near the origin")
     samples = []
     # Global: the hypothesis h whose turned source is nearest the target's heading (|yaw - h| <= 45).
-    hypotheses = sorted(registrar._headings(src, None))
+    hypotheses = sorted(registrar.headings(src, None))
     right = min(hypotheses, key=lambda h: abs(geometry.angle_difference_deg(geometry.yaw_deg(T), h)))
     heading = right
     if rng.uniform() < wrong_heading and len(hypotheses) > 1:
         heading = float(rng.choice([h for h in hypotheses if h != right]))
-    feats = src.features if heading == 0.0 else registrar._turned_features(src, heading)
+    feats = src.features if heading == 0.0 else registrar.turned_features(src, heading)
     pairs, probs, _ = match_features(feats, tgt.features, cfg, "fcgf")
     samples.append(MatchSample(src.xyz[pairs[:, 0]], tgt.xyz[pairs[:, 1]], probs, T, len(src.xyz), "global",
                                heading == right, name))
