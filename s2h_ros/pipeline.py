@@ -423,12 +423,12 @@ class Registrar:
         picked = None if init is None else self._matched_subset(src, self.config.global_max_points)
         if picked is None:
             return None
-        heading = self._headings(src, None, init)[0]
+        heading = self.headings(src, None, init)[0]
         hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
                                       picked, heading, defer=True)
         if hyp.deferred:  # the weights say "no inliers" here: no RANSAC on a subset, the full search decides
             return None
-        result = self._finished(src, tgt, hyp, timer)
+        result = self._finished(src, tgt, hyp, timer, structure=True)
         return result if _decisive(result) else None
 
     def _subset_hypothesis(self, src: PreparedCloud, tgt: PreparedCloud, features: torch.Tensor, support,
@@ -448,11 +448,11 @@ class Registrar:
         first hypothesis; globally with learned features the other headings until one is decisive;
         DGR's safeguard when none is trusted. The best result, refined and verified. ``turned``:
         source features per heading already computed in this call (filled as it goes)."""
-        headings = self._headings(src, support, init)
+        headings = self.headings(src, support, init)
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        result = self._finished(src, tgt, first, timer)
+        result = self._finished(src, tgt, first, timer, structure=support is None)
         for heading in headings[1:]:
             if _decisive(result):
                 break
@@ -462,14 +462,15 @@ class Registrar:
                 unsettled.append(hyp)
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
                 continue
-            candidate = self._finished(src, tgt, hyp, timer)
+            candidate = self._finished(src, tgt, hyp, timer, structure=True)
             if _better(candidate, result):
                 result = candidate
         # DGR's safeguard, second trigger: learned weights that no hypothesis turned into a trusted
         # result are not the last word; RANSAC re-estimates from the same matches, in the order tried.
         for hyp in unsettled if not result.success else []:
             reason = hyp.fallback if hyp.deferred else "learned estimate not trusted"
-            candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer)
+            candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer,
+                                       structure=support is None)
             if _better(candidate, result):
                 result = candidate
             if _decisive(result):
@@ -486,19 +487,22 @@ class Registrar:
                                              src.xyz.astype(np.float64))
         return prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
 
-    def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer) -> RegistrationResult:
-        """A hypothesis refined (ICP) and verified: the result ``register`` would return for it."""
+    def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
+                  structure: bool = False) -> RegistrationResult:
+        """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
+        (``structure``: a global search's, which must also pass ``structure_fitness``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
                 T = refine_icp(src.xyz, tgt.xyz, T, self.config, tgt.normals(self.config.voxel_size))
-        result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message)
+        result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message,
+                                       structure=structure)
         result.num_candidates, result.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
         result.used_fallback, result.heading_deg = bool(hyp.fallback), hyp.heading
         result.fallback = hyp.fallback
         return result
 
-    def _headings(self, src: PreparedCloud, support, init: np.ndarray | None = None) -> list[float]:
+    def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None) -> list[float]:
         """Source headings (deg) the search tries, in order: the global learned-feature search turns
         the source to each of ``heading_hypotheses`` headings about z (FPFH is rotation invariant;
         tracking has the motion prior's heading: ``[0]``). Without a prior the heading as given, then
@@ -515,16 +519,16 @@ class Registrar:
 
     def _features_at(self, src: PreparedCloud, heading: float, timer: _Timer,
                      turned: dict[float, torch.Tensor]) -> torch.Tensor:
-        """``src.features`` at heading 0, else ``_turned_features`` (timed as features), computed once
+        """``src.features`` at heading 0, else ``turned_features`` (timed as features), computed once
         per heading and kept in ``turned``."""
         if heading == 0.0:
             return src.features
         if heading not in turned:
             with timer.stage("features", self.device):
-                turned[heading] = self._turned_features(src, heading)
+                turned[heading] = self.turned_features(src, heading)
         return turned[heading]
 
-    def _turned_features(self, src: PreparedCloud, heading_deg: float) -> torch.Tensor:
+    def turned_features(self, src: PreparedCloud, heading_deg: float) -> torch.Tensor:
         """``(M, C)`` FCGF descriptors of the source voxels turned by ``heading_deg`` about z, row
         i belonging to ``src.xyz[i]``: learned features are not rotation invariant, so a pair
         beyond the headings they were trained on matches only after such a turn. Multiples of
@@ -596,9 +600,11 @@ class Registrar:
 
     def _verified_result(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarray,
                          weights: np.ndarray, timer: _Timer, message: str = "",
-                         require_inliers: bool = True) -> RegistrationResult:
+                         require_inliers: bool = True, structure: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
-        and the result in the input frames."""
+        and the result in the input frames; ``structure``: a global search's result at zero motion
+        (the sensors less than ``inlier_distance`` apart) must also fit off the ground
+        (``structure_fitness``)."""
         cfg = self.config
         with timer.stage("verify"):
             n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
@@ -620,6 +626,15 @@ class Registrar:
             success = False
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
+        moved = float(np.linalg.norm(geometry.shift_transform(T, src.origin, tgt.origin)[:3, 3]))
+        if success and structure and cfg.min_structure_fitness > 0 and moved < cfg.inlier_distance:
+            with timer.stage("verify"):
+                off_ground = structure_fitness(src, tgt, T, cfg)
+            if off_ground is not None and off_ground < cfg.min_structure_fitness:
+                success = False
+                message = (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
+                           f"{off_ground:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
+                           "sensor pattern, not the scene, aligns")
         return RegistrationResult(
             transform=geometry.shift_transform(T, src.origin, tgt.origin),
             success=bool(success),
@@ -812,6 +827,29 @@ def verify(
         mask = np.zeros(0, bool)
     nn_dist, _ = (tgt_tree if tgt_tree is not None else cKDTree(tgt)).query(moved, distance_upper_bound=dist, workers=-1)
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
+
+
+# Fewer off-ground voxels than this: structure_fitness says nothing (an open field; the degeneracy
+# test judges such scenes).
+MIN_STRUCTURE_VOXELS = 100
+
+
+def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> float | None:
+    """The fitness of ``T`` counted over the source voxels off the ground: those whose normal is
+    not within about 25 deg of z (z up, REP-103). None when fewer than ``MIN_STRUCTURE_VOXELS``.
+
+    A scan's ground is a pattern the sensor draws around itself (rings of a spinning lidar, the
+    rosette of a Livox), the same in every scan, so a wrong result at zero motion aligns it and can
+    reach ``min_fitness`` on the ground alone (held-out Livox pair 15.6 m apart: fitness 0.51,
+    off the ground 0.38). The pattern supports only zero motion, so only such results are asked:
+    off the ground, right results of moving sensors ranged 0.43-0.75 (one HDL-64 pair 0.43 at
+    fitness 0.51: a threshold on every result would have refused it), a scan against itself 1.0."""
+    off_ground = np.abs(src.normals(cfg.voxel_size)[:, 2]) < 0.9
+    if int(off_ground.sum()) < MIN_STRUCTURE_VOXELS:
+        return None
+    moved = geometry.apply_transform(T, src.xyz[off_ground].astype(np.float64))
+    dist, _ = tgt.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
+    return float(np.mean(dist < cfg.inlier_distance))
 
 
 class PlaneRows(NamedTuple):

@@ -250,3 +250,45 @@ def test_icp_stopping_at_the_tolerance_lands_where_every_iteration_lands_on_real
     assert te < 0.002 and re < 0.005, (te, re)  # 1e-4: 0.5 mm / 0.002 deg; 1e-3 would miss (3.5 mm)
     assert geometry.transform_errors(full, converged)[1] < 0.003
     assert geometry.transform_errors(loose, full)[1] > 0.01
+
+
+def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted():
+    """Held-out world 31, Livox (70 deg rosette), a pair 15.6 m apart turned by 179 deg: the global
+    search lands at zero motion, where the sensor's ground pattern aligns with itself (fitness
+    0.51 >= min_fitness, TE 15.4 m). Off the ground only 0.38 of the voxels fit: not trusted. The
+    same search without the test trusts the wrong pose (the test is what stops it)."""
+    from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
+    from s2h_ros.datasets.types import turned_pairs
+    from s2h_ros.pipeline import structure_fitness
+
+    pair = list(turned_pairs(synthetic_pairs(8, 31, sensor="livox"), 0.0, 180.0, 31))[7]
+    reg = Registrar(RegistrationConfig())
+    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    result = reg.register(src, tgt)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert te > 10.0 and result.fitness >= 0.5  # wrong, and the overall fitness would pass
+    assert not result.success and "off the ground" in result.message, result.message
+    unchecked = Registrar(RegistrationConfig(min_structure_fitness=0.0)).register(src, tgt)
+    assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 10.0
+    # The right transform explains the structures better than the ground-driven one does.
+    local = lambda T: geometry.shift_transform(T, -src.origin, -tgt.origin)  # noqa: E731
+    assert structure_fitness(src, tgt, local(pair.T_gt), reg.config) < 0.5  # an unregistrable pair (opposite views)
+    assert structure_fitness(src, tgt, local(result.transform), reg.config) < 0.5
+
+
+def test_a_real_scan_at_zero_motion_is_still_trusted_by_the_global_search():
+    """The off-ground test asks zero-motion results only, and right ones pass it: RAW KITTI 00
+    frame 0 (real HDL-64E) against itself fits 1.0 off the ground; frames 1 -> 0 (0.68 m) 0.97."""
+    from s2h_ros.pipeline import structure_fitness
+
+    raw = KITTI / "raw_00"
+    scan0, scan1 = (np.fromfile(raw / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (0, 1))
+    reg = Registrar(RegistrationConfig())
+    first, second = reg.prepare(scan0), reg.prepare(scan1)
+    still = reg.register(first, first)
+    assert still.success and np.linalg.norm(still.transform[:3, 3]) < 0.01, still.message
+    assert structure_fitness(first, first, np.eye(4), reg.config) == pytest.approx(1.0)
+    moving = reg.register(second, first)
+    assert moving.success, moving.message
+    local = geometry.shift_transform(moving.transform, -second.origin, -first.origin)
+    assert structure_fitness(second, first, local, reg.config) > 0.9
