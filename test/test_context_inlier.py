@@ -193,17 +193,19 @@ def test_the_result_message_says_why_ransac_estimated_the_transform(tmp_path, he
 
 
 def test_a_turned_hypothesis_with_low_weights_gets_ransac_only_when_nothing_else_is_trusted(tmp_path, held_out_pair):
-    """The source turned by 180 deg: the as-given hypothesis fails; the turned ones have a weight
-    sum below the (here huge) threshold, so they are deferred, and RANSAC runs on them, in the
-    order tried, only after no hypothesis was trusted: the 180 deg one is found and says why."""
+    """The source turned by 270 deg: the as-given hypothesis fails (RANSAC on its matches too:
+    with the features trained across sensors it does not at 90 or 180 deg on this pair); the
+    turned ones have a weight sum below the (here huge) threshold, so they are deferred, and
+    RANSAC runs on them, in the order tried, only after no hypothesis was trusted: the 90 deg one
+    (which undoes the turn) is found and says why."""
     task = ContextInlierTask(ContextInlierNetwork(ContextInlierConfig(channels=16, blocks=1)), VOXEL,
                              torch.device("cpu"))
     task.save(tmp_path / "ctx.pt", {"nets": dict(task.nets)})
     packed = combine_weights(default_weights_path(), tmp_path / "ctx.pt", tmp_path / "packed.pt")
-    turn = geometry.yaw_transform(180.0)
+    turn = geometry.yaw_transform(270.0)
     source = geometry.apply_transform(turn, held_out_pair.source[:, :3].astype(np.float64)).astype(np.float32)
     registrar = Registrar(RegistrationConfig(weights=str(packed), safeguard_min_weight=1e6))
     result = registrar.register(source, held_out_pair.target[:, :3])
     re, te = geometry.transform_errors(result.transform, held_out_pair.T_gt @ geometry.invert_transform(turn))
-    assert result.success and result.heading_deg == 180.0 and re < 1.0 and te < 0.2, result.message
+    assert result.success and result.heading_deg == 90.0 and re < 1.0 and te < 0.2, result.message
     assert result.used_fallback and result.fallback.startswith("inlier weight sum below")

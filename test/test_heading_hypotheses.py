@@ -21,31 +21,34 @@ def loop_pair():
 
 def test_real_kitti_loop_pair_at_148_deg_matches_through_the_turned_source(loop_pair):
     """The real loop closure (148 deg apart): as given, S2H on the shipped features keeps a few
-    dozen inlier matches; the 180 deg hypothesis keeps over a thousand (issue target: >= 300)."""
+    dozen inlier matches at most (18 with the FCGF trained across sensors: not enough to be
+    trusted); the 180 deg hypothesis keeps over a thousand (issue target: >= 300) and is trusted."""
     results = {h: Registrar(RegistrationConfig(heading_hypotheses=h)).register(loop_pair.source, loop_pair.target)
                for h in (1, 4)}
-    for result in results.values():
-        re, te = geometry.transform_errors(result.transform, loop_pair.T_gt)
-        assert result.success and re < 0.5 and te < 0.1, (result.message, re, te)
     assert results[1].heading_deg == 0.0 and results[1].num_inliers < 100
-    assert results[4].heading_deg == 180.0 and results[4].num_inliers >= 300
+    found = results[4]
+    re, te = geometry.transform_errors(found.transform, loop_pair.T_gt)
+    assert found.success and re < 0.5 and te < 0.1, (found.message, re, te)
+    assert found.heading_deg == 180.0 and found.num_inliers >= 300
 
 
-def test_held_out_pair_turned_135_deg_is_lost_as_given_and_found_with_hypotheses():
-    """A simulated VLP-32 pair of a held-out world (seed 31), its source turned by 135 deg."""
+def test_held_out_pair_turned_150_deg_is_untrusted_as_given_and_found_with_hypotheses():
+    """A simulated VLP-32 pair of a held-out world (seed 31), its source turned by 150 deg: as given
+    too few matches survive to trust anything; the hypothesis that brings the turn within +-45
+    deg is trusted, with several times the inlier matches."""
     from s2h_ros.datasets.synthetic import synthetic_pairs
 
     pair = synthetic_pairs(1, 31, sensor="vlp32")[0]
-    turn = geometry.yaw_transform(135.0)
+    turn = geometry.yaw_transform(150.0)
     source = geometry.apply_transform(turn, pair.source[:, :3].astype(np.float64)).astype(np.float32)
     T_gt = pair.T_gt @ np.linalg.inv(turn)
     given = Registrar(RegistrationConfig(heading_hypotheses=1)).register(source, pair.target)
     found = Registrar(RegistrationConfig(heading_hypotheses=4)).register(source, pair.target)
-    re_given, _ = geometry.transform_errors(given.transform, T_gt)
     re, te = geometry.transform_errors(found.transform, T_gt)
-    assert not given.success and re_given > 5.0
+    assert not given.success
     assert found.success and re < 1.0 and te < 0.2, (found.message, re, te)
-    assert found.heading_deg in (90.0, 180.0)  # the turn that brings 135 deg within +-45
+    assert found.heading_deg == 180.0  # the turn that brings 150 deg within +-45
+    assert found.num_inliers >= 3 * given.num_inliers
 
 
 def test_features_of_turned_voxels_belong_to_the_same_rows(loop_pair):
