@@ -452,7 +452,8 @@ class Registrar:
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        result = self._finished(src, tgt, first, timer, structure=support is None)
+        structure = support is None  # a global search's zero-motion results must fit off the ground
+        result = self._finished(src, tgt, first, timer, structure=structure)
         for heading in headings[1:]:
             if _decisive(result):
                 break
@@ -462,7 +463,7 @@ class Registrar:
                 unsettled.append(hyp)
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
                 continue
-            candidate = self._finished(src, tgt, hyp, timer, structure=True)
+            candidate = self._finished(src, tgt, hyp, timer, structure=structure)
             if _better(candidate, result):
                 result = candidate
         # DGR's safeguard, second trigger: learned weights that no hypothesis turned into a trusted
@@ -470,7 +471,7 @@ class Registrar:
         for hyp in unsettled if not result.success else []:
             reason = hyp.fallback if hyp.deferred else "learned estimate not trusted"
             candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer,
-                                       structure=support is None)
+                                       structure=structure)
             if _better(candidate, result):
                 result = candidate
             if _decisive(result):
@@ -626,7 +627,8 @@ class Registrar:
             success = False
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
-        moved = float(np.linalg.norm(geometry.shift_transform(T, src.origin, tgt.origin)[:3, 3]))
+        transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
+        moved = float(np.linalg.norm(transform[:3, 3]))
         if success and structure and cfg.min_structure_fitness > 0 and moved < cfg.inlier_distance:
             with timer.stage("verify"):
                 off_ground = structure_fitness(src, tgt, T, cfg)
@@ -636,7 +638,7 @@ class Registrar:
                            f"{off_ground:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
                            "sensor pattern, not the scene, aligns")
         return RegistrationResult(
-            transform=geometry.shift_transform(T, src.origin, tgt.origin),
+            transform=transform,
             success=bool(success),
             message=message,
             correspondences=pairs,
