@@ -129,6 +129,7 @@ class RegistrationResult:
     used_fallback: bool = False  # RANSAC (DGR's safeguard) estimated the transform, not the learned weights
     fallback: str = ""  # why: "no inlier network", "inlier weight sum below N", "learned estimate not trusted"
     feature_kind: str = ""
+    features_used: str = ""  # the features with their weight file, e.g. "fcgf (s2h_compact_indoor.pt)"
     inlier_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (K,) within inlier distance
     timings: dict[str, float] = field(default_factory=dict)  # ms per stage, plus "total"
     # (6, 6) covariance of the transform's left perturbation [translation, rotation] in the target
@@ -158,6 +159,7 @@ class RegistrationResult:
             "used_fallback": self.used_fallback,
             "fallback": self.fallback,
             "feature_kind": self.feature_kind,
+            "features_used": self.features_used,
             "search": self.search,
             "heading_deg": self.heading_deg,
             "timings_ms": self.timings,
@@ -298,28 +300,43 @@ class Registrar:
         self._rng = np.random.default_rng(self.config.seed)
 
     # ------------------------------------------------------------------ features
+    def weights_path(self) -> Path:
+        """The weight file learned features come from: ``weights`` when given, else the shipped
+        file trained at this voxel size (outdoor 0.3 m, indoor 0.05 m), else the outdoor one."""
+        from s2h_ros.models.checkpoint import DEFAULT_WEIGHTS, shipped_weights
+        from s2h_ros.paths import WEIGHTS_DIR
+
+        cfg = self.config
+        return Path(cfg.weights) if cfg.weights else (shipped_weights(cfg.voxel_size) or WEIGHTS_DIR / DEFAULT_WEIGHTS)
+
     def _load_models(self):
         if self._models is None:
             from s2h_ros.models.checkpoint import CheckpointError, load_registration_models
 
             try:
-                self._models = load_registration_models(self.config.weights or None, device=self.device)
+                self._models = load_registration_models(self.weights_path(), device=self.device)
             except (CheckpointError, FileNotFoundError) as err:
                 raise RegistrationError(f"cannot load weights: {err}") from err
         return self._models
 
     def feature_kind(self) -> str:
-        """Features in use. ``auto``: fcgf when weights are given or shipped and were trained at
-        this voxel size (within 10 %), else fpfh: learned features do not transfer across scales."""
+        """Features in use. ``auto``: fcgf when the weights (given, or shipped for this voxel size)
+        were trained at this voxel size (within 10 %), else fpfh: learned features do not transfer
+        across scales."""
         kind = self.config.features
         if kind == "auto":
+            from s2h_ros.models.checkpoint import voxel_fits
+
             cfg = self.config
-            if not (cfg.weights or default_weights_path().exists()):
+            if not (cfg.weights or self.weights_path().is_file()):
                 return "fpfh"
-            trained = self._load_models().voxel
-            fits = trained is None or abs(trained - cfg.voxel_size) <= 0.1 * cfg.voxel_size
-            kind = "fcgf" if fits else "fpfh"
+            kind = "fcgf" if voxel_fits(self._load_models().voxel, cfg.voxel_size) else "fpfh"
         return kind
+
+    def features_used(self) -> str:
+        """``feature_kind`` with the weight file it reads, e.g. "fcgf (s2h_compact_indoor.pt)"."""
+        kind = self.feature_kind()
+        return f"{kind} ({self.weights_path().name})" if kind == "fcgf" else kind
 
     def prepare(self, xyz: np.ndarray | CheckedCloud, name: str = "cloud") -> PreparedCloud:
         """Voxelise ``(N, 3)`` points and compute per-voxel features (the expensive, cacheable half).
@@ -650,6 +667,7 @@ class Registrar:
             fitness=float(fitness),
             fitness_fine=float(fitness_fine),
             feature_kind=src.feature_kind,
+            features_used=self.features_used() if src.feature_kind == "fcgf" else src.feature_kind,
             inlier_mask=inl_mask,
             timings=timer.ms,
             dropped_points={
@@ -926,10 +944,3 @@ def register(
         _REGISTRARS[key] = Registrar(config)
     return _REGISTRARS[key].register(source_xyz, target_xyz)
 
-
-def default_weights_path() -> Path:
-    """The shipped weights (``features: auto`` uses them when present)."""
-    from s2h_ros.models.checkpoint import DEFAULT_WEIGHTS
-    from s2h_ros.paths import WEIGHTS_DIR
-
-    return WEIGHTS_DIR / DEFAULT_WEIGHTS

@@ -8,9 +8,9 @@ import torch
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.models.checkpoint import combine_weights, load_inlier, load_registration_models
+from s2h_ros.models.checkpoint import combine_weights, load_inlier, load_registration_models, shipped_weights
 from s2h_ros.models.context_inlier import ContextInlierConfig, ContextInlierNetwork, length_consistency
-from s2h_ros.pipeline import Registrar, default_weights_path
+from s2h_ros.pipeline import Registrar
 from s2h_ros.training.context_trainer import ContextInlierTask
 from s2h_ros.training.match_data import MatchSample, load_shard, pair_samples
 
@@ -98,7 +98,7 @@ def test_checkpoint_round_trip_and_packing_with_fcgf(tmp_path, rng):
     assert isinstance(loaded, ContextInlierNetwork) and loaded.config.stages == 3
     with torch.no_grad():
         assert torch.equal(loaded(xs, ys, VOXEL, probs), task.nets["inlier"].eval()(xs, ys, VOXEL, probs))
-    packed = combine_weights(default_weights_path(), tmp_path / "ctx.pt", tmp_path / "packed.pt", steps=7)
+    packed = combine_weights(shipped_weights(VOXEL), tmp_path / "ctx.pt", tmp_path / "packed.pt", steps=7)
     models = load_registration_models(packed)
     assert isinstance(models.inlier, ContextInlierNetwork) and models.voxel == VOXEL
 
@@ -148,7 +148,7 @@ def test_safeguard_reports_why_ransac_estimated_the_transform(tmp_path, held_out
     task = ContextInlierTask(ContextInlierNetwork(ContextInlierConfig(channels=16, blocks=1)), VOXEL,
                              torch.device("cpu"))
     task.save(tmp_path / "ctx.pt", {"nets": dict(task.nets)})
-    packed = combine_weights(default_weights_path(), tmp_path / "ctx.pt", tmp_path / "packed.pt")
+    packed = combine_weights(shipped_weights(VOXEL), tmp_path / "ctx.pt", tmp_path / "packed.pt")
 
     _, low = _register_with(packed, held_out_pair, safeguard_min_weight=1e6)
     assert low.success and low.used_fallback and low.fallback.startswith("inlier weight sum below")
@@ -164,7 +164,7 @@ def test_safeguard_reports_why_ransac_estimated_the_transform(tmp_path, held_out
 
     from s2h_ros.models.checkpoint import load_fcgf, save_checkpoint
 
-    fcgf_only = save_checkpoint(tmp_path / "fcgf.pt", load_fcgf(default_weights_path()), voxel=VOXEL)
+    fcgf_only = save_checkpoint(tmp_path / "fcgf.pt", load_fcgf(shipped_weights(VOXEL)), voxel=VOXEL)
     _, plain = _register_with(fcgf_only, held_out_pair)
     assert plain.success and plain.used_fallback and plain.fallback == "no inlier network"
 
@@ -183,7 +183,7 @@ def test_the_result_message_says_why_ransac_estimated_the_transform(tmp_path, he
     task = ContextInlierTask(ContextInlierNetwork(ContextInlierConfig(channels=16, blocks=1)), VOXEL,
                              torch.device("cpu"))
     task.save(tmp_path / "ctx.pt", {"nets": dict(task.nets)})
-    packed = combine_weights(default_weights_path(), tmp_path / "ctx.pt", tmp_path / "packed.pt")
+    packed = combine_weights(shipped_weights(VOXEL), tmp_path / "ctx.pt", tmp_path / "packed.pt")
     _, result = _register_with(packed, held_out_pair, safeguard_min_weight=1e6, heading_hypotheses=1)
     step = OdometryStep(1, 0.1, result.success, result.message, None, None, 0, 0.0, False, result)
     msg = deserialize_message(serialize_message(result_message(step, Header(frame_id="velodyne"), 1)),
@@ -201,7 +201,7 @@ def test_a_turned_hypothesis_with_low_weights_gets_ransac_only_when_nothing_else
     task = ContextInlierTask(ContextInlierNetwork(ContextInlierConfig(channels=16, blocks=1)), VOXEL,
                              torch.device("cpu"))
     task.save(tmp_path / "ctx.pt", {"nets": dict(task.nets)})
-    packed = combine_weights(default_weights_path(), tmp_path / "ctx.pt", tmp_path / "packed.pt")
+    packed = combine_weights(shipped_weights(VOXEL), tmp_path / "ctx.pt", tmp_path / "packed.pt")
     turn = geometry.yaw_transform(270.0)
     source = geometry.apply_transform(turn, held_out_pair.source[:, :3].astype(np.float64)).astype(np.float32)
     registrar = Registrar(RegistrationConfig(weights=str(packed), safeguard_min_weight=1e6))

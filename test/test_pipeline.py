@@ -144,14 +144,27 @@ def test_auto_features_use_weights_only_at_the_voxel_they_were_trained_for(tmp_p
     assert torch.allclose(prepared.features.norm(dim=1), torch.ones(len(prepared.xyz)), atol=1e-4)
 
 
+def test_auto_features_pick_the_shipped_weights_trained_at_the_configured_voxel(demo_pair):
+    """Outdoor (0.3 m) and indoor (0.05 m) each get their own shipped FCGF, a voxel size that no
+    shipped file was trained at gets FPFH, and the result names what was used."""
+    assert Registrar().features_used() == "fcgf (s2h_compact_kitti.pt)"
+    assert Registrar(RegistrationConfig(voxel_size=0.12)).features_used() == "fpfh"
+    indoor = Registrar(RegistrationConfig(voxel_size=0.05, inlier_distance=0.1))
+    assert indoor.features_used() == "fcgf (s2h_compact_indoor.pt)"
+    result = indoor.register(demo_pair.source, demo_pair.target)
+    re, te = geometry.transform_errors(result.transform, demo_pair.T_gt)
+    assert result.features_used == "fcgf (s2h_compact_indoor.pt)" and result.to_dict()["features_used"]
+    assert result.success and re < 3.0 and te < 0.15, (result.message, re, te)
+    # the fallback says why: the indoor file carries no inlier network, so RANSAC estimates
+    assert result.used_fallback and "no inlier network" in result.fallback
+
+
 def test_shipped_weights_register_a_held_out_synthetic_pair_by_default():
     from s2h_ros.datasets.synthetic import synthetic_pairs
-    from s2h_ros.pipeline import default_weights_path
-
-    assert default_weights_path().is_file()
     pair = synthetic_pairs(1, seed=5)[0]  # seeds 0-999 are never trained on
     reg = Registrar()  # defaults: voxel 0.3 m, features auto -> the shipped FCGF weights, S2H
-    assert reg.feature_kind() == "fcgf"
+    assert reg.weights_path().is_file()
+    assert reg.feature_kind() == "fcgf" and reg.features_used() == "fcgf (s2h_compact_kitti.pt)"
     result = reg.register(pair.source, pair.target)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert result.success and re < 5.0 and te < 0.6, (result.message, re, te)

@@ -125,6 +125,38 @@ def test_augmentation_keeps_the_ground_truth_exact(rng):
     np.testing.assert_allclose(moved, out.target, atol=1e-3)
 
 
+def test_any_orientation_turns_both_clouds_away_from_gravity_but_keeps_their_relative_rotation(rng):
+    """Depth-camera fragments have no known gravity: the common rotation moves each cloud's up axis
+    anywhere, while the relative rotation stays the one the sensor made (here 90 deg about z)."""
+    src = rng.uniform(-5, 5, size=(300, 3)).astype(np.float32)
+    T = np.eye(4)
+    T[:3, :3] = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    tgt = (src @ T[:3, :3].T).astype(np.float32)
+    cfg = AugmentConfig(max_yaw_deg=0.0, max_tilt_deg=0.0, any_orientation=True, noise_sigma=0.0, keep_min=1.0,
+                        crop_min_range=1e3, crop_max_range=1e3 + 1)
+    ups, angles = [], []
+    for _ in range(20):
+        out = augment_pair(CachedPair(src, tgt, T, "turn"), rng, cfg)
+        R_side, *_ = np.linalg.lstsq(src.astype(np.float64), out.source.astype(np.float64), rcond=None)
+        ups.append(R_side.T[:, 2])  # where the source's up axis went
+        angles.append(np.degrees(np.arccos(np.clip((np.trace(out.T_gt[:3, :3]) - 1) / 2, -1, 1))))
+        np.testing.assert_allclose(out.source @ out.T_gt[:3, :3].T + out.T_gt[:3, 3], out.target, atol=1e-3)
+    np.testing.assert_allclose(angles, 90.0, atol=1e-3)
+    assert min(u[2] for u in ups) < 0.0 < max(u[2] for u in ups)  # up ends below and above the horizon
+
+
+def test_min_overlap_keeps_only_pairs_that_see_the_same_surfaces():
+    """A depth camera that turned away sees nothing of the other view: ``min_overlap`` replaces
+    such pairs with others from the same and later worlds."""
+    from s2h_ros.datasets.types import overlap_ratio
+
+    kwargs = dict(per_world=6, sensor="depth_camera", family="rooms", min_distance=0.3, max_distance=2.5)
+    every = list(synthetic_training_pairs(6, 1004, **kwargs))
+    kept = list(synthetic_training_pairs(6, 1004, min_overlap=0.3, **kwargs))
+    assert min(overlap_ratio(p) for p in every) < 0.3  # the premise: some raw pairs hardly overlap
+    assert len(kept) == 6 and all(overlap_ratio(p) >= 0.3 for p in kept)
+
+
 def test_sampler_shards_every_epoch_across_ranks_without_overlap():
     n, world = 7, 2
     for epoch in range(2):

@@ -472,9 +472,9 @@ def _models(methods: dict[str, dict[str, Any]]) -> dict[str, dict]:
                 continue
             entry: dict[str, Any] = {"features": config.features, "voxel": config.voxel_size}
             if config.features != "fpfh":
-                from s2h_ros.pipeline import default_weights_path
+                from s2h_ros.pipeline import Registrar
 
-                path = Path(config.weights) if config.weights else default_weights_path()
+                path = Registrar(config).weights_path()
                 entry["weights"] = str(path)
                 if path.is_file():
                     entry.update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())

@@ -124,7 +124,7 @@ def _register(args: argparse.Namespace) -> int:
     print(f"success: {result.success}  {result.message}")
     print(f"voxels {len(result.source_xyz)} / {len(result.target_xyz)}, candidates {result.num_candidates}, "
           f"correspondences {len(result.correspondences)}, inliers {result.num_inliers}, "
-          f"fitness {result.fitness:.3f}, features {result.feature_kind}, "
+          f"fitness {result.fitness:.3f}, features {result.features_used or result.feature_kind}, "
           f"estimator {'RANSAC safeguard (' + result.fallback + ')' if result.used_fallback else 'learned weights'}")
     dropped = {k: v for k, v in result.dropped_points.items() if v}
     if dropped:

@@ -36,6 +36,13 @@ def _loop_options(p: argparse.ArgumentParser, data: str = "data") -> None:
     p.add_argument("--no-augment", action="store_true", help="train on the cached pairs as they are")
     p.add_argument("--max-yaw", type=float, default=45.0,
                    help="augmentation yaw range per side, +- degrees (also the validation rotations); 180: any heading")
+    p.add_argument("--max-tilt", type=float, default=3.0,
+                   help="augmentation roll/pitch range per side, +- degrees (also the validation rotations)")
+    p.add_argument("--any-orientation", action="store_true",
+                   help="also turn both sides by one common random rotation (clouds with no known gravity, "
+                        "e.g. depth-camera fragments; also validated)")
+    p.add_argument("--crop-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=(40.0, 120.0),
+                   help="each side keeps the points within a random horizontal range in MIN..MAX m")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--voxel", type=float, default=0.3, help="voxel size of the stored clouds (m)")
     d.add_argument("--min-distance", type=float, default=10.0, help="min sensor distance of a pair (m)")
     d.add_argument("--max-distance", type=float, default=20.0, help="max sensor distance of a pair (m)")
+    d.add_argument("--min-overlap", type=float, default=0.0,
+                   help="skip pairs whose overlap (fraction of 0.05 m voxels within 7.5 cm of the other cloud, "
+                        "the smaller side) is below this")
 
     f = sub.add_parser("fcgf", help="train FCGF with the hardest-contrastive loss")
     _loop_options(f)
@@ -152,9 +162,10 @@ def _run_data(args: argparse.Namespace) -> int:
     split = args.split or ("val" if args.seed >= 2000 else "train")
     pairs = synthetic_training_pairs(args.pairs, args.seed, args.per_world, tuple(args.sensors),
                                      args.min_distance, args.max_distance, tuple(args.families),
-                                     tuple(args.mount_heights) if args.mount_heights else None, args.mixed)
+                                     tuple(args.mount_heights) if args.mount_heights else None, args.mixed,
+                                     args.min_overlap)
     meta = {"seed": args.seed, "per_world": args.per_world, "sensors": args.sensors, "families": args.families,
-            "mount_heights": args.mount_heights, "mixed": args.mixed,
+            "mount_heights": args.mount_heights, "mixed": args.mixed, "min_overlap": args.min_overlap,
             "min_distance": args.min_distance, "max_distance": args.max_distance,
             "source": "s2h_ros synthetic lidar world (procedural, generated here)"}
     t0 = time.perf_counter()

@@ -33,6 +33,24 @@ def turned_pair(pair: PointCloudPair, heading_deg: float) -> PointCloudPair:
                           {**pair.meta, "turn_deg": heading_deg})
 
 
+def overlap_ratio(pair: PointCloudPair, voxel: float = 0.05) -> float:
+    """The overlap of a pair: of each cloud's ``voxel`` grid points, the fraction within 1.5 voxels
+    of the other cloud (after ``T_gt``); the smaller of the two."""
+    from scipy.spatial import cKDTree
+
+    from s2h_ros.geometry import apply_transform, voxel_downsample
+
+    def grid(points: np.ndarray) -> np.ndarray:
+        return points[voxel_downsample(points, voxel)] if len(points) else points
+
+    src = grid(apply_transform(np.asarray(pair.T_gt, np.float64), np.asarray(pair.source, np.float64)))
+    tgt = grid(np.asarray(pair.target, np.float64))
+    if len(src) == 0 or len(tgt) == 0:
+        return 0.0
+    near = 1.5 * voxel
+    return float(min(np.mean(cKDTree(tgt).query(src)[0] < near), np.mean(cKDTree(src).query(tgt)[0] < near)))
+
+
 def turned_pairs(pairs: Iterable[PointCloudPair], low: float, high: float, seed: int) -> Iterator[PointCloudPair]:
     """Each pair turned (:func:`turned_pair`) by a heading of ``low``-``high`` deg either way,
     drawn in order from a generator seeded by ``seed``: the same turns for the same seed."""

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from s2h_ros.datasets.types import overlap_ratio
 from s2h_ros.evaluation.metrics import THRESHOLDS, RecallThreshold
 
 HELD_OUT_SEEDS = 1000  # seeds 0..999: evaluation worlds only (training refuses them)
@@ -131,24 +132,6 @@ def matrix_cells(base_seed: int = 0, sensors=OUTDOOR_SENSORS, families=OUTDOOR_F
 
 
 # ------------------------------------------------------------------------------- pairs
-
-
-def overlap_ratio(pair: Any, voxel: float = 0.05) -> float:
-    """The overlap of a pair: of each cloud's ``voxel`` grid points, the fraction within 1.5 voxels
-    of the other cloud (after ``T_gt``); the smaller of the two."""
-    from scipy.spatial import cKDTree
-
-    from s2h_ros.geometry import apply_transform, voxel_downsample
-
-    def grid(points: np.ndarray) -> np.ndarray:
-        return points[voxel_downsample(points, voxel)] if len(points) else points
-
-    src = grid(apply_transform(np.asarray(pair.T_gt, np.float64), np.asarray(pair.source, np.float64)))
-    tgt = grid(np.asarray(pair.target, np.float64))
-    if len(src) == 0 or len(tgt) == 0:
-        return 0.0
-    near = 1.5 * voxel
-    return float(min(np.mean(cKDTree(tgt).query(src)[0] < near), np.mean(cKDTree(src).query(tgt)[0] < near)))
 
 
 @dataclass

@@ -25,7 +25,12 @@ from s2h_ros.models.inlier import InlierNetwork
 from s2h_ros.models.resunet import ResUNet, ResUNetConfig, config_from_state_dict
 
 FORMAT = "s2h_ros.checkpoint/1"
-DEFAULT_WEIGHTS = "s2h_compact_kitti.pt"  # shipped under s2h_ros/weights/ (written by training)
+# Weights shipped under s2h_ros/weights/, by the voxel size (m) they were trained at: ``features:
+# auto`` takes the one that fits the configured voxel size (``shipped_weights``). Learned features
+# do not transfer across scales, so a voxel size no file fits gets FPFH.
+SHIPPED_WEIGHTS: dict[float, str] = {0.3: "s2h_compact_kitti.pt", 0.05: "s2h_compact_indoor.pt"}
+DEFAULT_WEIGHTS = SHIPPED_WEIGHTS[0.3]  # outdoor lidar, the default voxel size
+VOXEL_TOLERANCE = 0.1  # weights fit a voxel size within this relative difference of their own
 
 
 class CheckpointError(ValueError):
@@ -201,6 +206,20 @@ def load_dgr(path: str | Path, device: torch.device | str | None = None) -> tupl
     if "state_dict_inlier" not in data:
         raise CheckpointError(f"{path} is not a DGR checkpoint: no 'state_dict_inlier'")
     return _fcgf_from(data, path, device), _inlier_from(data, path, device)
+
+
+def voxel_fits(trained: float | None, voxel: float) -> bool:
+    """Whether weights trained at ``trained`` m (None: the file does not say) suit ``voxel`` m."""
+    return trained is None or abs(trained - voxel) <= VOXEL_TOLERANCE * voxel
+
+
+def shipped_weights(voxel: float) -> Path | None:
+    """The shipped weight file trained at ``voxel`` m, or None when none fits (or it is missing)."""
+    for trained, name in SHIPPED_WEIGHTS.items():
+        path = paths.WEIGHTS_DIR / name
+        if voxel_fits(trained, voxel) and path.is_file():
+            return path
+    return None
 
 
 @dataclass

@@ -325,7 +325,7 @@ def _start_registrar(cfg) -> tuple[Registrar, str]:
     except RegistrationError as exc:
         raise ConfigError(f"parameter registration.device: {exc}") from None
     try:
-        features = registrar.feature_kind()  # loads the weights when the features are learned
+        features = registrar.features_used()  # loads the weights when the features are learned
     except RegistrationError as exc:
         shipped = "" if cfg.weights else " (empty: the shipped weights)"
         raise ConfigError(f"parameter registration.weights{shipped}: {exc}") from None

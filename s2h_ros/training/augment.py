@@ -6,6 +6,10 @@ rotations are about z with a few degrees of tilt. FCGF/DGR rotate KITTI pairs by
 default yaw range here is +-45 deg because pairs along a drive differ by far less; on an H200,
 1.7k steps of the compact FCGF reached a 2.4 % validation inlier ratio at +-45 deg against 0.6 %
 at +-180 deg (each validated in its own range; ``max_yaw_deg=180`` restores the full range).
+Depth-camera fragments (3DMatch) come in camera frames with no known gravity: ``any_orientation``
+turns both sides of a pair by one common, uniformly random rotation on top of their own yaw and
+tilt, so the features see every absolute orientation while relative rotations stay those of a
+moving sensor.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ class AugmentConfig:
 
     max_yaw_deg: float = 45.0  # rotation about z, uniform in [-max, max] (180: any heading)
     max_tilt_deg: float = 3.0  # roll and pitch, uniform in [-max, max]
+    any_orientation: bool = False  # one common uniformly random rotation of both sides (gravity unknown)
     noise_sigma: float = 0.01  # metres, Gaussian jitter per point
     keep_min: float = 1.0  # each side keeps a random fraction in [keep_min, 1] of its points (1: off;
     # random voxel dropout makes the occupancy-driven descriptors of one place differ between sides)
@@ -31,8 +36,14 @@ class AugmentConfig:
 
 
 def augment_from_args(args) -> AugmentConfig | None:
-    """The trainers' ``--max-yaw`` / ``--no-augment`` options (``None``: no augmentation)."""
-    return None if args.no_augment else AugmentConfig(max_yaw_deg=args.max_yaw)
+    """The trainers' ``--max-yaw`` / ``--max-tilt`` / ``--crop-range`` / ``--no-augment`` options
+    (``None``: no augmentation)."""
+    if args.no_augment:
+        return None
+    crop = getattr(args, "crop_range", None) or (AugmentConfig.crop_min_range, AugmentConfig.crop_max_range)
+    return AugmentConfig(max_yaw_deg=args.max_yaw, max_tilt_deg=getattr(args, "max_tilt", AugmentConfig.max_tilt_deg),
+                         any_orientation=getattr(args, "any_orientation", False),
+                         crop_min_range=crop[0], crop_max_range=crop[1])
 
 
 def random_gravity_rotation(rng: np.random.Generator, max_yaw_deg: float, max_tilt_deg: float) -> np.ndarray:
@@ -54,6 +65,9 @@ def augment_pair(pair: CachedPair, rng: np.random.Generator, cfg: AugmentConfig 
     cfg = cfg or AugmentConfig()
     R_s = random_gravity_rotation(rng, cfg.max_yaw_deg, cfg.max_tilt_deg)
     R_t = random_gravity_rotation(rng, cfg.max_yaw_deg, cfg.max_tilt_deg)
+    if cfg.any_orientation:
+        common = Rotation.random(random_state=rng).as_matrix()
+        R_s, R_t = common @ R_s, common @ R_t
     sides = []
     for xyz, R in ((pair.source, R_s), (pair.target, R_t)):
         xyz = _thin(xyz, rng, cfg)  # crop in the sensor frame, before rotating

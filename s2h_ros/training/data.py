@@ -19,12 +19,13 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from s2h_ros.datasets.types import PointCloudPair
+from s2h_ros.datasets.types import PointCloudPair, overlap_ratio
 
 FORMAT = "s2h_ros.pair_cache/1"
 SCALE_DIVISOR = 16  # stored coordinate step = voxel / SCALE_DIVISOR
 INT16_MAX = np.iinfo(np.int16).max
 RESERVED_EVAL_SEEDS = range(0, 1000)  # held-out evaluation worlds: never train on them
+OVERLAP_VOXEL = 0.05  # grid of the --min-overlap test (m)
 
 
 class CacheError(ValueError):
@@ -109,12 +110,14 @@ def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str 
                              min_distance: float = 10.0, max_distance: float = 20.0,
                              family: str | None | tuple[str | None, ...] = None,
                              mount_heights: tuple[float, float] | None = None,
-                             mixed: float = 0.0) -> Iterator[PointCloudPair]:
+                             mixed: float = 0.0, min_overlap: float = 0.0) -> Iterator[PointCloudPair]:
     """``n`` synthetic pairs from worlds ``seed, seed + 1, ...`` (``per_world`` pairs each), lazily.
 
     ``sensor`` and ``family`` (default: the town; see ``FAMILIES``) are one preset or a tuple to
     draw from per world, with a mount height uniform in ``mount_heights`` (default: the sensor's)
     and, with probability ``mixed``, targets rendered by a second drawn sensor (``draw_world``).
+    ``min_overlap``: pairs whose ``overlap_ratio`` (at 0.05 m) is lower are skipped and replaced
+    (a depth camera that turned away sees nothing of the other view: no positive pairs to learn from).
     Several short drives in different worlds give more varied scenes than one long drive.
     Seeds below 1000 are refused: they are the held-out evaluation worlds.
     """
@@ -141,8 +144,10 @@ def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str 
             except RuntimeError:
                 k //= 2
         if k >= 1:
-            yield from pairs
-            made += k
+            for pair in pairs:
+                if min_overlap <= 0.0 or overlap_ratio(pair, OVERLAP_VOXEL) >= min_overlap:
+                    yield pair
+                    made += 1
         world += 1
 
 
