@@ -211,3 +211,16 @@ def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cel
     assert town_row["s2h s/pair"] == "3.00" and town_row["fpfh_ransac recall (%)"] == "0"
     assert tunnel_row["s2h wrong trusted"] == "1" and tunnel_row["s2h RE (deg)"] == "-"
     assert "fpfh_ransac inlier frac." not in header
+
+
+def test_run_records_name_the_shipped_weights_each_voxel_size_loads():
+    """The JSON's ``models`` says which file produced each method's numbers: the outdoor or indoor
+    FCGF by voxel size, and FPFH (no file) where no shipped weights fit."""
+    from s2h_ros.commands.eval import _models
+    from s2h_ros.evaluation.methods import PipelineMethod
+
+    models = _models({"outdoor": {"s2h": PipelineMethod("outdoor")}, "indoor": {"s2h": PipelineMethod("indoor")},
+                      "other": {"s2h": PipelineMethod(voxel=0.12)}})
+    assert models["s2h@outdoor"]["weights"].endswith("s2h_compact_kitti.pt") and models["s2h@outdoor"]["sha256"]
+    assert models["s2h@indoor"]["weights"].endswith("s2h_compact_indoor.pt")
+    assert "weights" not in models["s2h@other"] and models["s2h@other"]["features_used"].startswith("fpfh")

@@ -464,6 +464,9 @@ def _models(methods: dict[str, dict[str, Any]]) -> dict[str, dict]:
     """The weights file (path, size, SHA-256) each s2h method loads at each scale."""
     import hashlib
 
+    from s2h_ros.models.checkpoint import shipped_weights
+    from s2h_ros.pipeline import Registrar
+
     out: dict[str, dict] = {}
     for scale, by_name in methods.items():
         for name, method in by_name.items():
@@ -471,9 +474,9 @@ def _models(methods: dict[str, dict[str, Any]]) -> dict[str, dict]:
             if config is None:
                 continue
             entry: dict[str, Any] = {"features": config.features, "voxel": config.voxel_size}
-            if config.features != "fpfh":
-                from s2h_ros.pipeline import Registrar
-
+            if config.features == "auto" and not config.weights and shipped_weights(config.voxel_size) is None:
+                entry["features_used"] = "fpfh (no shipped weights for this voxel size)"
+            elif config.features != "fpfh":
                 path = Registrar(config).weights_path()
                 entry["weights"] = str(path)
                 if path.is_file():
