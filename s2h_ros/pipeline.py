@@ -300,14 +300,21 @@ class Registrar:
         self._rng = np.random.default_rng(self.config.seed)
 
     # ------------------------------------------------------------------ features
-    def weights_path(self) -> Path:
+    def weights_path(self) -> Path | None:
         """The weight file learned features come from: ``weights`` when given, else the shipped
-        file trained at this voxel size (outdoor 0.3 m, indoor 0.05 m), else the outdoor one."""
+        file trained at this voxel size (outdoor 0.3 m, indoor 0.05 m); with ``features: fcgf``
+        and none shipped for it, the outdoor one. None where no file is read: ``fpfh``, or
+        ``auto`` with no file for this voxel size."""
         from s2h_ros.models.checkpoint import DEFAULT_WEIGHTS, shipped_weights
         from s2h_ros.paths import WEIGHTS_DIR
 
         cfg = self.config
-        return Path(cfg.weights) if cfg.weights else (shipped_weights(cfg.voxel_size) or WEIGHTS_DIR / DEFAULT_WEIGHTS)
+        if cfg.features == "fpfh":
+            return None
+        if cfg.weights:
+            return Path(cfg.weights)
+        shipped = shipped_weights(cfg.voxel_size)
+        return WEIGHTS_DIR / DEFAULT_WEIGHTS if shipped is None and cfg.features == "fcgf" else shipped
 
     def _load_models(self):
         if self._models is None:
@@ -327,10 +334,9 @@ class Registrar:
         if kind == "auto":
             from s2h_ros.models.checkpoint import voxel_fits
 
-            cfg = self.config
-            if not (cfg.weights or self.weights_path().is_file()):
+            if self.weights_path() is None:
                 return "fpfh"
-            kind = "fcgf" if voxel_fits(self._load_models().voxel, cfg.voxel_size) else "fpfh"
+            kind = "fcgf" if voxel_fits(self._load_models().voxel, self.config.voxel_size) else "fpfh"
         return kind
 
     def features_used(self) -> str:

@@ -464,7 +464,6 @@ def _models(methods: dict[str, dict[str, Any]]) -> dict[str, dict]:
     """The weights file (path, size, SHA-256) each s2h method loads at each scale."""
     import hashlib
 
-    from s2h_ros.models.checkpoint import shipped_weights
     from s2h_ros.pipeline import Registrar
 
     out: dict[str, dict] = {}
@@ -474,10 +473,10 @@ def _models(methods: dict[str, dict[str, Any]]) -> dict[str, dict]:
             if config is None:
                 continue
             entry: dict[str, Any] = {"features": config.features, "voxel": config.voxel_size}
-            if config.features == "auto" and not config.weights and shipped_weights(config.voxel_size) is None:
+            path = Registrar(config).weights_path()
+            if path is None and config.features == "auto":
                 entry["features_used"] = "fpfh (no shipped weights for this voxel size)"
-            elif config.features != "fpfh":
-                path = Registrar(config).weights_path()
+            elif path is not None:
                 entry["weights"] = str(path)
                 if path.is_file():
                     entry.update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())

@@ -36,14 +36,12 @@ class AugmentConfig:
 
 
 def augment_from_args(args) -> AugmentConfig | None:
-    """The trainers' ``--max-yaw`` / ``--max-tilt`` / ``--crop-range`` / ``--no-augment`` options
-    (``None``: no augmentation)."""
+    """The trainers' ``--max-yaw`` / ``--max-tilt`` / ``--any-orientation`` / ``--crop-range`` /
+    ``--no-augment`` options (``None``: no augmentation)."""
     if args.no_augment:
         return None
-    crop = getattr(args, "crop_range", None) or (AugmentConfig.crop_min_range, AugmentConfig.crop_max_range)
-    return AugmentConfig(max_yaw_deg=args.max_yaw, max_tilt_deg=getattr(args, "max_tilt", AugmentConfig.max_tilt_deg),
-                         any_orientation=getattr(args, "any_orientation", False),
-                         crop_min_range=crop[0], crop_max_range=crop[1])
+    return AugmentConfig(max_yaw_deg=args.max_yaw, max_tilt_deg=args.max_tilt, any_orientation=args.any_orientation,
+                         crop_min_range=args.crop_range[0], crop_max_range=args.crop_range[1])
 
 
 def random_gravity_rotation(rng: np.random.Generator, max_yaw_deg: float, max_tilt_deg: float) -> np.ndarray:

@@ -13,7 +13,7 @@ partner is dropped, so neighbouring voxels of the same surface are not pushed ap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +113,9 @@ class FCGFTask:
         self.augment = augment
         self.preset = preset
         self.radius = POSITIVE_RADIUS_VOXELS * voxel
-        self.val_yaw = augment.max_yaw_deg if augment is not None else 0.0
-        self.val_tilt = augment.max_tilt_deg if augment is not None else 0.0
-        self.val_any_orientation = augment is not None and augment.any_orientation
+        # validation: the rotations trained for (none without augmentation), no thinning or noise
+        self.val_augment = replace(augment or AugmentConfig(max_yaw_deg=0.0, max_tilt_deg=0.0),
+                                  noise_sigma=0.0, keep_min=1.0, crop_min_range=1e9, crop_max_range=1e9 + 1)
 
     def param_groups(self, lr: float) -> list[dict]:
         return [{"params": list(self.nets["fcgf"].parameters()), "lr": lr}]
@@ -142,10 +142,7 @@ class FCGFTask:
         ratios, T_preds, T_gts = [], [], []
         for n, pair in enumerate(pairs):
             rng = np.random.default_rng([n, 7])
-            # rotation only (no thinning/noise), within the rotations trained for
-            pair = augment_pair(pair, rng, AugmentConfig(
-                max_yaw_deg=self.val_yaw, max_tilt_deg=self.val_tilt, any_orientation=self.val_any_orientation,
-                noise_sigma=0.0, keep_min=1.0, crop_min_range=1e9, crop_max_range=1e9 + 1))
+            pair = augment_pair(pair, rng, self.val_augment)
             (xyz0, f0), (xyz1, f1) = batched_features(unwrap(self.nets["fcgf"]), [pair.source, pair.target],
                                                       self.voxel, self.device)
             j = nearest_feature(f0, f1)
