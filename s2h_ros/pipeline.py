@@ -41,6 +41,7 @@ from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
 from s2h_ros.degeneracy import Degeneracy, surface_planarity, weakest_direction
+from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
@@ -140,6 +141,9 @@ class RegistrationResult:
     # The weakest direction of the point-to-plane normal equations at the result and how much the
     # geometry constrains it (s2h_ros.degeneracy); below RegistrationConfig.min_constraint: not trusted.
     degeneracy: Degeneracy | None = None
+    # The strongest sideways-shifted copy of a global search's result (s2h_ros.repetition); None
+    # where not asked (tracking, ICP only, or a result already refused by the tests before it).
+    repetition: Repetition | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -152,6 +156,7 @@ class RegistrationResult:
             "num_correspondences": int(len(self.correspondences)),
             "num_inliers": self.num_inliers,
             "degeneracy": self.degeneracy.to_dict() if self.degeneracy is not None else None,
+            "repetition": self.repetition.to_dict() if self.repetition is not None else None,
             "inlier_ratio": self.inlier_ratio,
             "fitness": self.fitness,
             "fitness_fine": self.fitness_fine,
@@ -654,12 +659,21 @@ class Registrar:
         moved = float(np.linalg.norm(transform[:3, 3]))
         if success and structure and cfg.min_structure_fitness > 0 and moved < cfg.inlier_distance:
             with timer.stage("verify"):
-                off_ground = structure_fitness(src, tgt, T, cfg)
-            if off_ground is not None and off_ground < cfg.min_structure_fitness:
+                structure_fit = structure_fitness(src, tgt, T, cfg)
+            if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
                 success = False
                 message = (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
-                           f"{off_ground:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
+                           f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
                            "sensor pattern, not the scene, aligns")
+        repeated = None
+        if success and structure and cfg.max_repetition > 0:
+            with timer.stage("verify"):
+                repeated = result_repetition(src, tgt, T, cfg)
+            if repeated.ratio >= cfg.max_repetition:
+                success = False
+                message = (f"ambiguous: the scene repeats: shifted by {repeated.describe()} the result fits the "
+                           f"structure off the ground {repeated.ratio:.2f} times as well as where it is (max "
+                           f"{cfg.max_repetition:.2f}): rack bays, colonnades? The data support both poses")
         return RegistrationResult(
             transform=transform,
             success=bool(success),
@@ -682,6 +696,7 @@ class Registrar:
             },
             covariance=covariance,
             degeneracy=degeneracy,
+            repetition=repeated,
         )
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -870,12 +885,36 @@ def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     off the ground 0.38). The pattern supports only zero motion, so only such results are asked:
     off the ground, right results of moving sensors ranged 0.43-0.75 (one HDL-64 pair 0.43 at
     fitness 0.51: a threshold on every result would have refused it), a scan against itself 1.0."""
-    off_ground = np.abs(src.normals(cfg.voxel_size)[:, 2]) < 0.9
-    if int(off_ground.sum()) < MIN_STRUCTURE_VOXELS:
+    structure = off_ground(src, cfg)
+    if int(structure.sum()) < MIN_STRUCTURE_VOXELS:
         return None
-    moved = geometry.apply_transform(T, src.xyz[off_ground].astype(np.float64))
+    moved = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
     dist, _ = tgt.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     return float(np.mean(dist < cfg.inlier_distance))
+
+
+def off_ground(cloud: "PreparedCloud", cfg: RegistrationConfig) -> np.ndarray:
+    """``(N,)`` bool: the voxels of ``cloud`` whose normal is not within about 25 deg of z (z up,
+    REP-103): the scene's structure, not the ground the sensor draws its pattern on."""
+    return np.abs(cloud.normals(cfg.voxel_size)[:, 2]) < 0.9
+
+
+# A repeated structure's copies are looked for this many inlier distances sideways: from just
+# beyond the result's own peak (0.5 m at the indoor 0.1 m) to a few periods of a pallet-rack bay
+# (2.4-2.9 m) or a row of racks with its aisle (about 4-4.7 m) indoors (5 m), 30 m outdoors.
+REPETITION_SHIFT_DISTANCES = (5.0, 50.0)
+
+
+def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> Repetition:
+    """The strongest sideways-shifted copy of the result ``T`` (local frames): the source's voxels
+    off the ground, with their normals, against the whole target, on a grid of ``inlier_distance``
+    (:func:`s2h_ros.repetition.repetition`)."""
+    lo, hi = REPETITION_SHIFT_DISTANCES
+    d = cfg.inlier_distance
+    structure = off_ground(src, cfg)
+    aligned = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
+    normals = src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T
+    return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.kdtree())
 
 
 class PlaneRows(NamedTuple):

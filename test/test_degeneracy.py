@@ -183,9 +183,9 @@ def test_a_street_of_a_held_out_town_is_still_trusted(registrar):
     assert result.degeneracy.eigenvalue > 2 * MIN_CONSTRAINT, result.degeneracy.to_dict()
 
 
-def test_the_result_message_carries_the_weakest_direction(registrar):
-    """registration_node's s2h_ros/RegistrationResult: the degenerate tunnel result's weakest
-    constraint and direction survive the conversion and a serialisation round trip."""
+def message_round_trip(result):
+    """registration_node's s2h_ros/RegistrationResult for ``result`` (as one odometry step),
+    serialised and read back; skips where rclpy is not installed."""
     pytest.importorskip("rclpy")
     from rclpy.serialization import deserialize_message, serialize_message
     from std_msgs.msg import Header
@@ -194,12 +194,18 @@ def test_the_result_message_carries_the_weakest_direction(registrar):
     from s2h_ros.odometry import OdometryStep
     from s2h_ros.ros.messages import result_message
 
+    step = OdometryStep(3, 0.3, result.success, result.message, None, None, 0, 0.0, False, result)
+    return deserialize_message(serialize_message(result_message(step, Header(frame_id="velodyne"), 3)),
+                               RegistrationResultMsg)
+
+
+def test_the_result_message_carries_the_weakest_direction(registrar):
+    """registration_node's s2h_ros/RegistrationResult: the degenerate tunnel result's weakest
+    constraint and direction survive the conversion and a serialisation round trip."""
     rng = np.random.default_rng(7)
     surfaces = tunnel()
     result = registrar.register(scan(surfaces, "hdl64", 1.5, rng), scan(surfaces, "hdl64", 0.0, rng))
-    step = OdometryStep(3, 0.3, result.success, result.message, None, None, 0, 0.0, False, result)
-    msg = deserialize_message(serialize_message(result_message(step, Header(frame_id="velodyne"), 3)),
-                              RegistrationResultMsg)
+    msg = message_round_trip(result)
     assert not msg.success and msg.message.startswith("degenerate")
     assert msg.weakest_constraint == pytest.approx(result.degeneracy.eigenvalue, rel=1e-6)
     assert 0.0 < msg.weakest_constraint < RegistrationConfig().min_constraint

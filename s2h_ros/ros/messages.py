@@ -70,8 +70,8 @@ def pose_stamped(T: np.ndarray, stamp: Time, frame: str) -> PoseStamped:
 
 def result_message(step, header: Header, scan_id: int, total_ms: float | None = None) -> RegistrationResultMsg:
     """``s2h_ros/RegistrationResult`` of one odometry step (successful or not), with its tracking
-    segment and continuity event (s2h_ros.odometry.OdometryStep) and the result's weakest
-    direction (s2h_ros.degeneracy)."""
+    segment and continuity event (s2h_ros.odometry.OdometryStep), the result's weakest
+    direction (s2h_ros.degeneracy) and its strongest shifted copy (s2h_ros.repetition)."""
     msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=bool(step.success), message=step.message,
                                 segment=int(step.segment), event=step.event)
     msg.keyframe_id = max(int(step.keyframe_id), 0)
@@ -92,6 +92,9 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
         if r.degeneracy is not None:
             msg.weakest_constraint = float(r.degeneracy.eigenvalue)
             msg.weakest_direction = [float(v) for v in r.degeneracy.direction]
+        if r.repetition is not None:
+            msg.repetition = float(r.repetition.ratio)
+            msg.repetition_shift = [float(v) for v in r.repetition.shift]
         msg.stage_names = [k for k in r.timings if k != "total"]
         msg.stage_times_ms = [float(r.timings[k]) for k in msg.stage_names]
         msg.total_time_ms = float(r.timings.get("total", 0.0))
