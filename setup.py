@@ -24,6 +24,7 @@ setup(
         "tqdm>=4.65",
         "matplotlib>=3.7",
         "rosbags>=0.10",
+        "PyYAML>=6",
     ],
     extras_require={
         # Open3D (registration's RANSAC/ICP/FPFH, PLY/PCD I/O, the simulator's ray casting):

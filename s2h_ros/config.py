@@ -147,6 +147,27 @@ def config_from_dict(cls: type, values: dict[str, Any]) -> Any:
     return cls(**values)
 
 
+def configs_from_params_files(paths, node: str = "registration_node") -> tuple["RegistrationConfig", "OdometryConfig"]:
+    """The registration and odometry settings that ``node`` started with these ROS 2 parameter
+    files (YAML, applied in order over the defaults, as ``--params-file`` does) runs with: their
+    ``registration.*`` and ``odometry.*`` keys; the node's other parameters are not read here.
+    Unknown keys and bad values raise :class:`ConfigError` naming them (and the file)."""
+    from pathlib import Path
+
+    import yaml
+
+    values: dict[str, dict[str, Any]] = {"registration": {}, "odometry": {}}
+    for path in paths:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        params = (data.get(node) or {}).get("ros__parameters") or {}
+        for group, given in values.items():
+            section = params.get(group) or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{path}: {node}.ros__parameters.{group} must be a mapping")
+            given.update(section)
+    return config_from_dict(RegistrationConfig, values["registration"]), config_from_dict(OdometryConfig, values["odometry"])
+
+
 def parse_bool(text: str) -> bool:
     """``1/true/yes/on`` or ``0/false/no/off`` (any case) -> bool; anything else raises ValueError."""
     value = text.lower()

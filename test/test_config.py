@@ -8,6 +8,7 @@ from s2h_ros.config import (
     OdometryConfig,
     RegistrationConfig,
     config_from_dict,
+    configs_from_params_files,
     describe,
     parse_overrides,
 )
@@ -62,3 +63,23 @@ def test_overrides_text_is_read_with_each_fields_type():
 def test_bad_overrides_text_names_the_key(text, named):
     with pytest.raises(ConfigError, match=named):
         parse_overrides(RegistrationConfig, text)
+
+
+def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
+    """config/register.yaml is the defaults; config/depth_camera.yaml over it changes what it names;
+    a later file wins; an unknown registration key is refused naming it."""
+    from s2h_ros.paths import config_dir
+
+    base = config_dir() / "register.yaml"
+    reg, odo = configs_from_params_files([base])
+    assert reg == RegistrationConfig() and odo == OdometryConfig()
+    reg, odo = configs_from_params_files([base, config_dir() / "depth_camera.yaml"])
+    assert (reg.voxel_size, reg.inlier_distance, reg.prior_radius, odo.keyframe_distance) == (0.05, 0.1, 0.25, 1.0)
+    assert reg.min_fitness == RegistrationConfig().min_fitness  # untouched keys keep the defaults
+    later = tmp_path / "later.yaml"
+    later.write_text("registration_node:\n  ros__parameters:\n    registration:\n      voxel_size: 0.2\n")
+    assert configs_from_params_files([config_dir() / "depth_camera.yaml", later])[0].voxel_size == 0.2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("registration_node:\n  ros__parameters:\n    registration:\n      voxle_size: 0.2\n")
+    with pytest.raises(ConfigError, match="voxle_size"):
+        configs_from_params_files([bad])

@@ -1,9 +1,11 @@
-"""``s2h bench trust --families``: which held-out drives the bench plans (no registration here)."""
+"""``s2h bench trust``: which held-out drives the bench plans and with which settings (no registration here)."""
 from __future__ import annotations
 
 import pytest
 
-from s2h_ros.benchmarks.trust import plan_cells
+from s2h_ros.benchmarks.trust import drive_settings, plan_cells
+from s2h_ros.config import OdometryConfig, RegistrationConfig
+from s2h_ros.paths import config_dir
 
 
 def test_without_families_one_drive_per_sensor_as_before():
@@ -24,3 +26,16 @@ def test_seeds_outside_the_held_out_worlds_and_unknown_families_are_refused():
         plan_cells(["vlp16"], ["moon"], 0)
     with pytest.raises(ValueError, match="no cell"):
         plan_cells(["depth_camera"], ["tunnel"], 0)
+
+
+def test_each_sensor_runs_with_what_the_node_would_run_with_for_it():
+    """Lidars: the defaults; the depth camera: config/depth_camera.yaml (0.05 m voxels, the indoor
+    FCGF through features: auto); --params-file files replace that choice for every drive."""
+    files, reg, odo = drive_settings("vlp16", [])
+    assert files == [] and reg == RegistrationConfig() and odo == OdometryConfig()
+    files, reg, odo = drive_settings("depth_camera", [])
+    assert [f.rsplit("/", 1)[-1] for f in files] == ["depth_camera.yaml"]
+    assert reg.voxel_size == 0.05 and reg.inlier_distance == 0.1 and odo.keyframe_distance == 1.0
+    kitti = str(config_dir() / "kitti.yaml")
+    files, reg, _ = drive_settings("depth_camera", [kitti])
+    assert files == [kitti] and reg.voxel_size == RegistrationConfig().voxel_size

@@ -18,12 +18,19 @@ rejections that the degeneracy gate made (message ``degenerate: ...``) are count
 many of them were right anyway (by luck along the free direction: the geometry cannot tell).
 ``min_constraint`` is the smallest weakest-direction constraint (s2h_ros.degeneracy) of a trusted
 registration: its margin over the degeneracy gate (RegistrationConfig.min_constraint).
+
+Settings: each drive runs with what registration_node would run with for that sensor: the library
+defaults (config/register.yaml) for lidars, and config/depth_camera.yaml over them for the depth
+camera (0.05 m voxels and the indoor FCGF, as the README launches it); ``--params-file`` (given
+once or more, applied in order, as the node's ``--params-file``) replaces that choice for every
+drive.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
 
 
 PRESETS = ("vlp16", "vlp32", "hdl64", "os128", "depth_camera")
@@ -45,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-constraint", type=float, default=None,
                         help="degeneracy gate (RegistrationConfig.min_constraint; default: the shipped one)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--params-file", action="append", default=[], metavar="FILE",
+                        help="ROS 2 parameter file(s) for every drive, applied in order over the defaults as "
+                             "registration_node's --params-file (its registration.* and odometry.* keys); default: "
+                             "config/depth_camera.yaml for the depth camera, the defaults for lidars")
     parser.add_argument("--markdown", help="also write the table here")
 
 
@@ -72,11 +83,21 @@ def plan_cells(sensors: list[str], families: list[str], seed: int) -> list[tuple
     return planned
 
 
+def drive_settings(sensor: str, params_files: list[str]) -> tuple[list[str], "RegistrationConfig", "OdometryConfig"]:
+    """The parameter files a drive of ``sensor`` runs with (``params_files``, else
+    config/depth_camera.yaml for an indoor sensor, else none) and the settings they give."""
+    from s2h_ros.config import configs_from_params_files
+    from s2h_ros.paths import config_dir
+
+    files = list(params_files) or ([str(config_dir() / "depth_camera.yaml")] if sensor in INDOOR_SENSORS else [])
+    return (files, *configs_from_params_files(files))
+
+
 def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, max_re: float, registrar,
-                family: str | None = None) -> dict:
-    """Run one simulated drive through the odometry; count trusted, wrong and needlessly rejected
-    scans. ``family`` None: the town (rooms for the depth camera) at 10 m/s (1 m/s); else that
-    family at its own speeds."""
+                family: str | None = None, odometry=None) -> dict:
+    """Run one simulated drive through the odometry (``odometry``: its OdometryConfig, default the
+    defaults); count trusted, wrong and needlessly rejected scans. ``family`` None: the town (rooms
+    for the depth camera) at 10 m/s (1 m/s); else that family at its own speeds."""
     from s2h_ros import geometry
     from s2h_ros.config import OdometryConfig
     from s2h_ros.datasets.synthetic import simulate_sequence
@@ -89,7 +110,7 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
     else:
         seq = simulate_sequence(n_frames=frames * every, seed=seed, sensor=sensor, family=family)
     gt = seq.poses
-    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    odo = KeyframeOdometry(odometry=odometry if odometry is not None else OdometryConfig(), registrar=registrar)
     keyframe_frame: dict[int, int] = {}
     last = None  # (frame, pose, segment) of the previous trusted scan
     counts = {"trusted": 0, "wrong_trusted": 0, "rejected": 0, "needless_rejections": 0,
@@ -156,17 +177,22 @@ def _table(drives: list[dict], families: bool) -> str:
 
     if not families:  # today's table
         return markdown_table(
-            ["sensor", "world", "scans", "trusted", "wrong but trusted", "rejected", "of those right", "new segments",
-             "weakest constraint (min)", "s / scan"],
-            [[d["sensor"], f"{d['kind']} seed {d['seed']}", str(d["scans"]), str(d["trusted"]),
+            ["sensor", "world", "settings", "scans", "trusted", "wrong but trusted", "rejected", "of those right",
+             "new segments", "weakest constraint (min)", "s / scan"],
+            [[d["sensor"], f"{d['kind']} seed {d['seed']}", _settings(d), str(d["scans"]), str(d["trusted"]),
               str(d["wrong_trusted"]), str(d["rejected"]), str(d["needless_rejections"]), str(d["new_segments"]),
               _constraint(d), f"{d['seconds_per_scan']:.2f}"] for d in drives])
     return markdown_table(
-        ["sensor", "family", "seed", "scans", "trusted", "wrong but trusted", "rejected", "needless rejections",
-         "degenerate (right anyway)", "new segments", "weakest constraint (min)", "s / scan"],
-        [[d["sensor"], d["family"], str(d["seed"]), str(d["scans"]), str(d["trusted"]), str(d["wrong_trusted"]),
-          str(d["rejected"]), str(d["needless_rejections"]), f"{d['degenerate_rejections']} ({d['degenerate_right']})",
-          str(d["new_segments"]), _constraint(d), f"{d['seconds_per_scan']:.2f}"] for d in drives])
+        ["sensor", "family", "seed", "settings", "scans", "trusted", "wrong but trusted", "rejected",
+         "needless rejections", "degenerate (right anyway)", "new segments", "weakest constraint (min)", "s / scan"],
+        [[d["sensor"], d["family"], str(d["seed"]), _settings(d), str(d["scans"]), str(d["trusted"]),
+          str(d["wrong_trusted"]), str(d["rejected"]), str(d["needless_rejections"]),
+          f"{d['degenerate_rejections']} ({d['degenerate_right']})", str(d["new_segments"]), _constraint(d),
+          f"{d['seconds_per_scan']:.2f}"] for d in drives])
+
+
+def _settings(d: dict) -> str:
+    return " + ".join(d.get("params_files") or []) or "defaults"
 
 
 def _constraint(d: dict) -> str:
@@ -184,20 +210,24 @@ def run(args: argparse.Namespace) -> dict:
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     cells = plan_cells(sensors, families, args.seed)
     torch.set_num_threads(args.threads)
-    config = RegistrationConfig()
-    if args.min_constraint is not None:
-        config = config.replace(min_constraint=args.min_constraint)
-    registrar = Registrar(config)
+    registrars: dict[str, Registrar] = {}  # one per setting (keyed by its repr): models load once
     drives = []
     for sensor, family, seed in cells:
-        drives.append(drive_trust(sensor, seed, args.frames, args.every, args.max_te, args.max_re, registrar, family))
+        files, config, odometry = drive_settings(sensor, args.params_file)
+        if args.min_constraint is not None:
+            config = config.replace(min_constraint=args.min_constraint)
+        registrar = registrars.get(repr(config)) or registrars.setdefault(repr(config), Registrar(config))
+        drives.append(drive_trust(sensor, seed, args.frames, args.every, args.max_te, args.max_re, registrar, family,
+                                  odometry))
         d = drives[-1]
+        d["params_files"] = [Path(f).name for f in files]
         print(f"# {sensor} {d['family']} seed {seed}: {d['trusted']}/{d['scans']} trusted, {d['wrong_trusted']} wrong, "
               f"{d['needless_rejections']} needless, {d['degenerate_rejections']} degenerate", file=sys.stderr, flush=True)
     table = _table(drives, bool(families))
     print(table, end="")
     if args.markdown:
         write_text(args.markdown, table)
-    return {"every": args.every, "min_constraint_gate": config.min_constraint, "max_te_m": args.max_te, "max_re_deg": args.max_re, "threads": args.threads,
+    gate = RegistrationConfig().min_constraint if args.min_constraint is None else args.min_constraint
+    return {"every": args.every, "min_constraint_gate": gate, "max_te_m": args.max_te, "max_re_deg": args.max_re, "threads": args.threads,
             "families": families, "wrong_trusted_total": sum(d["wrong_trusted"] for d in drives),
             "drives": drives, "table": table}
