@@ -480,7 +480,7 @@ class Registrar:
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        structure = support is None  # a global search's zero-motion results must fit off the ground
+        structure = support is None  # a global search's results must pass _global_doubt too
         result = self._finished(src, tgt, first, timer, structure=structure)
         for heading in headings[1:]:
             if _decisive(result):
@@ -519,7 +519,7 @@ class Registrar:
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
                   structure: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``structure_fitness``)."""
+        (``structure``: a global search's, which must also pass ``_global_doubt``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -631,9 +631,8 @@ class Registrar:
                          weights: np.ndarray, timer: _Timer, message: str = "",
                          require_inliers: bool = True, structure: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
-        and the result in the input frames; ``structure``: a global search's result at zero motion
-        (the sensors less than ``inlier_distance`` apart) must also fit off the ground
-        (``structure_fitness``)."""
+        and the result in the input frames; ``structure``: a global search's result, which must
+        also pass ``_global_doubt`` (off the ground at zero motion, no repeated copy)."""
         cfg = self.config
         with timer.stage("verify"):
             n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
@@ -656,24 +655,10 @@ class Registrar:
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
-        moved = float(np.linalg.norm(transform[:3, 3]))
-        if success and structure and cfg.min_structure_fitness > 0 and moved < cfg.inlier_distance:
-            with timer.stage("verify"):
-                structure_fit = structure_fitness(src, tgt, T, cfg)
-            if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
-                success = False
-                message = (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
-                           f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
-                           "sensor pattern, not the scene, aligns")
         repeated = None
-        if success and structure and cfg.max_repetition > 0:
-            with timer.stage("verify"):
-                repeated = result_repetition(src, tgt, T, cfg)
-            if repeated.ratio >= cfg.max_repetition:
-                success = False
-                message = (f"ambiguous: the scene repeats: shifted by {repeated.describe()} the result fits the "
-                           f"structure off the ground {repeated.ratio:.2f} times as well as where it is (max "
-                           f"{cfg.max_repetition:.2f}): rack bays, colonnades? The data support both poses")
+        if success and structure:
+            doubt, repeated = self._global_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer)
+            success, message = not doubt, doubt
         return RegistrationResult(
             transform=transform,
             success=bool(success),
@@ -698,6 +683,31 @@ class Registrar:
             degeneracy=degeneracy,
             repetition=repeated,
         )
+
+    def _global_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, moved: float, fitness: float,
+                      timer: _Timer) -> tuple[str, Repetition | None]:
+        """The tests only a global search's result (no motion prior behind it) must pass besides
+        fitness, inliers and degeneracy: at zero motion (``moved`` metres, less than
+        ``inlier_distance``) it must fit off the ground too (``structure_fitness``), and no
+        sideways-shifted copy may fit the scene as well (``result_repetition``). The first failed
+        test's message ("" when none fails) and the repetition (None where not asked)."""
+        cfg = self.config
+        if cfg.min_structure_fitness > 0 and moved < cfg.inlier_distance:
+            with timer.stage("verify"):
+                structure_fit = structure_fitness(src, tgt, T, cfg)
+            if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
+                return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
+                        f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
+                        "sensor pattern, not the scene, aligns"), None
+        if cfg.max_repetition <= 0:
+            return "", None
+        with timer.stage("verify"):
+            repeated = result_repetition(src, tgt, T, cfg)
+        if repeated.ratio >= cfg.max_repetition:
+            return (f"ambiguous: the scene repeats: shifted by {repeated.describe()} the result fits the structure "
+                    f"off the ground {repeated.ratio:.2f} times as well as where it is (max {cfg.max_repetition:.2f}): "
+                    "rack bays, colonnades? The data support both poses"), repeated
+        return "", repeated
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
         """The inlier network's weights (the context network's or DGR's), floored at ``weight_floor``, when
