@@ -7,7 +7,7 @@ Each scan goes through these stages:
 2. **Tracking** while the prior is trusted (a successful scan less than a gap ago and
    ``tracking``): S2H candidates around each voxel's position predicted by the constant-velocity
    prior (``Registrar.register(search="prior")``). A result that confirms the prediction (within
-   half the inlier distance and 2 deg) is taken as it is; one that corrects it by what the prior's
+   ``agree_distance``, by default half the inlier distance, and 2 deg) is taken as it is; one that corrects it by what the prior's
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
    independent starts agree). Only then is the global search skipped. A **gap** is counted in scans as well as
@@ -61,7 +61,7 @@ from s2h_ros.local_map import LocalMap, Refinement
 from s2h_ros.pipeline import (PreparedCloud, Registrar, RegistrationError, RegistrationResult, check_cloud,
                               ransac_on_correspondences)
 
-# Two hypotheses closer than this agree (translation: half the inlier distance).
+# Two hypotheses closer than this agree (translation: OdometryConfig.agree_distance).
 AGREE_ROTATION_DEG = 2.0
 # A trusted tracking result that corrects the prediction by more than AGREE_* but less than this
 # rotation (and less than prior_radius) stands when ICP from the prediction lands on it as well.
@@ -330,9 +330,14 @@ class KeyframeOdometry:
         re, te = geometry.transform_errors(T, prior)
         return te < self.registrar.config.prior_radius and re < TRACKING_CORRECTION_DEG
 
+    def agree_distance(self) -> float:
+        """Metres within which two hypotheses of one scan agree: ``agree_distance``, or half the
+        registration's inlier distance when that is 0."""
+        return self.cfg.agree_distance or self.registrar.config.inlier_distance / 2
+
     def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
         re, te = geometry.transform_errors(A, B)
-        return te < self.registrar.config.inlier_distance / 2 and re < AGREE_ROTATION_DEG
+        return te < self.agree_distance() and re < AGREE_ROTATION_DEG
 
     def _tracked(self, index: int, stamp: float, prepared: PreparedCloud, scan: np.ndarray | None, keyframe: Keyframe,
                  result: RegistrationResult, event: str = "") -> OdometryStep:
@@ -341,7 +346,7 @@ class KeyframeOdometry:
         pose = keyframe.pose @ result.transform
         refinement = None
         if self.local_map is not None:
-            refinement = self.local_map.refine(scan, pose, self.registrar.config.inlier_distance / 2,
+            refinement = self.local_map.refine(scan, pose, self.agree_distance(),
                                                AGREE_ROTATION_DEG)
             pose = refinement.pose
             result.timings["map_refine"] = refinement.ms

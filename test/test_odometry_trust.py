@@ -140,3 +140,22 @@ def test_a_tracking_correction_that_icp_from_the_prediction_explains_alike_is_no
         if step.success:
             last = (i, step.pose, step.segment)
     assert not step.success, step.message  # scan 30
+
+
+def test_the_agreement_tolerance_is_the_configured_distance_or_half_the_inlier_distance():
+    """Two hypotheses 7 cm apart: at 0.05 m voxels (inlier distance 0.1) they disagree by default
+    (half the inlier distance, 5 cm) and agree with config/depth_camera.yaml's agree_distance 0.1;
+    2 deg apart they never agree."""
+    from s2h_ros.config import configs_from_params_files
+    from s2h_ros.paths import config_dir
+    from s2h_ros.pipeline import Registrar
+
+    reg_cfg, odo_cfg = configs_from_params_files([config_dir() / "depth_camera.yaml"])
+    registrar = Registrar(reg_cfg)
+    A = np.eye(4)
+    B = geometry.make_transform(np.eye(3), np.array([0.07, 0.0, 0.0]))
+    default = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    camera = KeyframeOdometry(odometry=odo_cfg, registrar=registrar)
+    assert odo_cfg.agree_distance == 0.1 and default.agree_distance() == pytest.approx(0.05)
+    assert not default._agree(A, B) and camera._agree(A, B)
+    assert not camera._agree(A, geometry.yaw_transform(2.5) @ A)
