@@ -425,6 +425,7 @@ class Registrar:
             result = self._quick_global(src, tgt, init, timer, turned)
             if result is None:
                 result = self._search(src, tgt, init, timer, turned)
+            result = self._unrepeated(src, tgt, result, timer)
         result.search = "prior" if tracking else "global"
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
@@ -480,7 +481,7 @@ class Registrar:
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        structure = support is None  # a global search's results must pass _global_doubt too
+        structure = support is None  # a global search's results must pass _zero_motion_doubt too
         result = self._finished(src, tgt, first, timer, structure=structure)
         for heading in headings[1:]:
             if _decisive(result):
@@ -519,7 +520,7 @@ class Registrar:
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
                   structure: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``_global_doubt``)."""
+        (``structure``: a global search's, which must also pass ``_zero_motion_doubt``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -632,7 +633,7 @@ class Registrar:
                          require_inliers: bool = True, structure: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
         and the result in the input frames; ``structure``: a global search's result, which must
-        also pass ``_global_doubt`` (off the ground at zero motion, no repeated copy)."""
+        also pass ``_zero_motion_doubt`` (``register`` asks the repetition test of its final one)."""
         cfg = self.config
         with timer.stage("verify"):
             n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
@@ -655,10 +656,9 @@ class Registrar:
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
-        repeated = None
         if success and structure:
-            doubt, repeated = self._global_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer)
-            success, message = not doubt, doubt
+            message = self._zero_motion_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer)
+            success = not message
         return RegistrationResult(
             transform=transform,
             success=bool(success),
@@ -681,33 +681,42 @@ class Registrar:
             },
             covariance=covariance,
             degeneracy=degeneracy,
-            repetition=repeated,
         )
 
-    def _global_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, moved: float, fitness: float,
-                      timer: _Timer) -> tuple[str, Repetition | None]:
-        """The tests only a global search's result (no motion prior behind it) must pass besides
-        fitness, inliers and degeneracy: at zero motion (``moved`` metres, less than
-        ``inlier_distance``) it must fit off the ground too (``structure_fitness``), and no
-        sideways-shifted copy may fit the scene as well (``result_repetition``). The first failed
-        test's message ("" when none fails) and the repetition (None where not asked)."""
+    def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, moved: float,
+                           fitness: float, timer: _Timer) -> str:
+        """A global search's result (no motion prior behind it) at zero motion (``moved`` metres,
+        less than ``inlier_distance``) must fit off the ground too (``structure_fitness``): the
+        refusal message, "" when it does or the result moved."""
         cfg = self.config
-        if cfg.min_structure_fitness > 0 and moved < cfg.inlier_distance:
-            with timer.stage("verify"):
-                structure_fit = structure_fitness(src, tgt, T, cfg)
-            if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
-                return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
-                        f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
-                        "sensor pattern, not the scene, aligns"), None
-        if cfg.max_repetition <= 0:
-            return "", None
+        if cfg.min_structure_fitness <= 0 or moved >= cfg.inlier_distance:
+            return ""
         with timer.stage("verify"):
-            repeated = result_repetition(src, tgt, T, cfg)
-        if repeated.ratio >= cfg.max_repetition:
-            return (f"ambiguous: the scene repeats: shifted by {repeated.describe()} the result fits the structure "
-                    f"off the ground {repeated.ratio:.2f} times as well as where it is (max {cfg.max_repetition:.2f}): "
-                    "rack bays, colonnades? The data support both poses"), repeated
-        return "", repeated
+            structure_fit = structure_fitness(src, tgt, T, cfg)
+        if structure_fit is None or structure_fit >= cfg.min_structure_fitness:
+            return ""
+        return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only {structure_fit:.2f} "
+                f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the scene, "
+                "aligns")
+
+    def _unrepeated(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
+                    timer: _Timer) -> RegistrationResult:
+        """A global search's final result, trusted so far, with no sideways-shifted copy that fits
+        the scene as well (``result_repetition``); else not trusted, naming the copy. Asked once per
+        search, of the result it settled on, not of every hypothesis tried: the test costs
+        0.1-0.5 s, and a refused hypothesis must not hand the win to another one."""
+        cfg = self.config
+        if not result.success or cfg.max_repetition <= 0:
+            return result
+        T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+        with timer.stage("verify"):
+            result.repetition = result_repetition(src, tgt, T, cfg)
+        if result.repetition.ratio >= cfg.max_repetition:
+            result.success = False
+            result.message = (f"ambiguous: the scene repeats: shifted by {result.repetition.describe()} the result "
+                              f"fits the structure off the ground {result.repetition.ratio:.2f} times as well as where "
+                              f"it is (max {cfg.max_repetition:.2f}): rack bays, colonnades? The data support both poses")
+        return result
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:
         """The inlier network's weights (the context network's or DGR's), floored at ``weight_floor``, when
