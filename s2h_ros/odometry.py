@@ -10,7 +10,10 @@ Each scan goes through these stages:
    ``agree_distance``, by default half the inlier distance, and 2 deg) is taken as it is; one that corrects it by what the prior's
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
-   independent starts agree). Only then is the global search skipped. A **gap** is counted in scans as well as
+   independent starts agree). When the prediction is stale (more than ``max_gap`` seconds old, or
+   its twist a relocalisation's mean over a gap) it may be metres off and vouches for little: the
+   result must then also pass the repetition test (no copy shifted sideways fits the scene as
+   well), else the global search decides and the prediction may veto, not win. Only then is the global search skipped. A **gap** is counted in scans as well as
    in seconds: more than ``max_gap`` seconds and more than ``gap_periods`` typical scan intervals
    (the median of the last stamp differences), so a node that falls behind a 10 Hz sensor and
    takes a scan every 1-3 s keeps tracking instead of losing its prior at every scan.
@@ -149,6 +152,7 @@ class KeyframeOdometry:
         self.twist = np.zeros(6)
         self.twist_cov = np.zeros((6, 6))
         self.twist_known = False
+        self.twist_relocalised = False  # the twist is a relocalisation's mean over a gap
         self.failures = 0
         if self.local_map is not None:
             self.local_map.clear()
@@ -190,7 +194,7 @@ class KeyframeOdometry:
         prior_trusted = self.twist_known and self.failures == 0 and not gap
         current = self.keyframes[-1]
         prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
-        result = self._register(prepared, current, prior, prior_trusted)
+        result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp))
         if result.success:
             if gap:  # found again without a usable prior
                 result.message = f"relocalised against keyframe {current.id} after {stamp - self.last_stamp:.1f} s without data"
@@ -203,10 +207,11 @@ class KeyframeOdometry:
 
     # ------------------------------------------------------------------ stages
     def _register(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray,
-                  prior_trusted: bool) -> RegistrationResult:
+                  prior_trusted: bool, stale: bool) -> RegistrationResult:
         """The scan against ``keyframe`` (see the module text): tracking while the prior is trusted,
-        accepted as it is when it confirms the prediction; otherwise the global search, checked
-        against the prior's hypothesis (tracking's result, or ICP from the prediction)."""
+        accepted as it is when it confirms the prediction (``stale``: and passes the repetition
+        test); otherwise the global search, checked against the prior's hypothesis (tracking's
+        result, or ICP from the prediction)."""
         t0 = time.perf_counter()
         reg, use_prior = self.registrar, self.cfg.use_motion_prior
         competitor = icp = checked = None
@@ -219,6 +224,10 @@ class KeyframeOdometry:
                 icp = reg.refine(prepared, keyframe.cloud, prior, competitor.correspondences)
                 if icp.success and self._agree(icp.transform, competitor.transform):
                     checked = _with_timings(competitor, icp)  # ICP from the prediction lands on it too
+        if checked is not None and stale:
+            checked = reg.unrepeated(prepared, keyframe.cloud, checked)
+            if not checked.success:  # a copy metres away fits better: the prediction was off
+                competitor, checked, prior_trusted = checked, None, False
         if checked is None:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
             global_ = reg.register(prepared, keyframe.cloud, init=prior)
             confirmed = global_.success and self._agree(global_.transform, prior)
@@ -229,6 +238,8 @@ class KeyframeOdometry:
                     competitor = self._correction_checked(competitor, prepared, keyframe, prior, icp)
                 confirmed = global_.success and competitor.success and self._agree(global_.transform,
                                                                                     competitor.transform)
+                if stale and prior_trusted and not global_.success:  # the prior's hypothesis alone would stand
+                    competitor = reg.unrepeated(prepared, keyframe.cloud, competitor)
                 checked = self._arbitrate(global_, competitor, prior_trusted)
             else:
                 checked = global_
@@ -324,6 +335,16 @@ class KeyframeOdometry:
             return self.cfg.max_gap
         return max(self.cfg.max_gap, self.cfg.gap_periods * float(np.median(self.intervals)))
 
+    def _prediction_stale(self, stamp: float) -> bool:
+        """The motion prediction for ``stamp`` may be metres off, so tracking's agreement with it
+        vouches for little: more than ``max_gap`` seconds since the last trusted scan (the prior is
+        kept only because scans come that slowly, ``gap_periods``), or the twist is a
+        relocalisation's mean over a gap. Tracking's result must then pass the repetition test too
+        (``Registrar.unrepeated``): a slide along a street onto a prediction 13 m short had fitness
+        0.53, while the copy the test found, 13.3 m on, was the truth (soak, 10 Hz stream taken
+        every 1.3-1.7 s, the twist from a relocalisation across a reversal)."""
+        return (self.last_stamp is not None and stamp - self.last_stamp > self.cfg.max_gap) or self.twist_relocalised
+
     def _within_prior(self, T: np.ndarray, prior: np.ndarray) -> bool:
         """``T`` is a correction of the prediction ``prior`` that the motion prior's error explains:
         within tracking's search radius (``prior_radius``) and ``TRACKING_CORRECTION_DEG``."""
@@ -357,6 +378,7 @@ class KeyframeOdometry:
         dt = stamp - self.last_stamp
         if dt > 0:
             delta = geometry.invert_transform(self.last_pose) @ pose
+            self.twist_relocalised = bool(event)
             if event:  # relocalised after a gap or a loss (same odometry frame): see _relocalised_twist
                 self.twist = _relocalised_twist(delta, dt)
             else:

@@ -141,8 +141,9 @@ class RegistrationResult:
     # The weakest direction of the point-to-plane normal equations at the result and how much the
     # geometry constrains it (s2h_ros.degeneracy); below RegistrationConfig.min_constraint: not trusted.
     degeneracy: Degeneracy | None = None
-    # The strongest sideways-shifted copy of a global search's result (s2h_ros.repetition); None
-    # where not asked (tracking, ICP only, or a result already refused by the tests before it).
+    # The strongest sideways-shifted copy of the result (s2h_ros.repetition), asked of a global
+    # search's and of tracking's after a stale prediction (s2h_ros.odometry); None where not asked
+    # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
     repetition: Repetition | None = None
 
     def to_dict(self) -> dict:
@@ -217,8 +218,8 @@ def _decisive(result: RegistrationResult) -> bool:
 
 
 class _Timer:
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
+    def __init__(self, ms: dict[str, float] | None = None) -> None:
+        self.ms: dict[str, float] = {} if ms is None else ms  # shared: a result's timings
 
     @contextmanager
     def stage(self, name: str, device: torch.device | None = None) -> Iterator[None]:
@@ -425,7 +426,7 @@ class Registrar:
             result = self._quick_global(src, tgt, init, timer, turned)
             if result is None:
                 result = self._search(src, tgt, init, timer, turned)
-            result = self._unrepeated(src, tgt, result, timer)
+            result = self.unrepeated(src, tgt, result, timer)
         result.search = "prior" if tracking else "global"
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
@@ -633,7 +634,7 @@ class Registrar:
                          require_inliers: bool = True, structure: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
         and the result in the input frames; ``structure``: a global search's result, which must
-        also pass ``_zero_motion_doubt`` (``register`` asks the repetition test of its final one)."""
+        also pass ``_zero_motion_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one)."""
         cfg = self.config
         with timer.stage("verify"):
             n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
@@ -699,23 +700,26 @@ class Registrar:
                 f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the scene, "
                 "aligns")
 
-    def _unrepeated(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
-                    timer: _Timer) -> RegistrationResult:
-        """A global search's final result, trusted so far, with no sideways-shifted copy that fits
-        the scene as well (``result_repetition``); else not trusted, naming the copy. Asked once per
-        search, of the result it settled on, not of every hypothesis tried: the test costs
-        0.1-0.5 s, and a refused hypothesis must not hand the win to another one."""
+    def unrepeated(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
+                   timer: _Timer | None = None) -> RegistrationResult:
+        """``result``, trusted so far, with no sideways-shifted copy that fits the scene as well
+        (``result_repetition``); else not trusted, naming the copy. ``register`` asks it of a global
+        search's final result, once, not of every hypothesis tried: the test costs 0.1-0.5 s, and a
+        refused hypothesis must not hand the win to another one. The odometry asks it of tracking's
+        result when its motion prediction is stale (``KeyframeOdometry``). Its time is
+        ``repetition`` in ``result.timings``."""
         cfg = self.config
         if not result.success or cfg.max_repetition <= 0:
             return result
         T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
-        with timer.stage("verify"):
+        with (timer or _Timer(result.timings)).stage("repetition"):
             result.repetition = result_repetition(src, tgt, T, cfg)
         if result.repetition.ratio >= cfg.max_repetition:
             result.success = False
-            result.message = (f"ambiguous: the scene repeats: shifted by {result.repetition.describe()} the result "
-                              f"fits the structure off the ground {result.repetition.ratio:.2f} times as well as where "
-                              f"it is (max {cfg.max_repetition:.2f}): rack bays, colonnades? The data support both poses")
+            result.message = (f"ambiguous: shifted by {result.repetition.describe()} the result fits the structure "
+                              f"off the ground {result.repetition.ratio:.2f} times as well as where it is (max "
+                              f"{cfg.max_repetition:.2f}): the scene repeats (rack bays, colonnades) or the result "
+                              f"slid along it")
         return result
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:

@@ -105,6 +105,50 @@ def test_the_gap_follows_the_rate_scans_arrive_at(soak_drive, registrar):
         assert te < 0.1 and re < 0.5, (a, b, te, re)
 
 
+@pytest.mark.parametrize("max_repetition", [0.9, 0.0])
+def test_a_stale_prediction_does_not_vouch_for_tracking(soak_drive, max_repetition):
+    """The soak's slides: a node taking a scan every 1.5 s of the drive, backwards, at a speed
+    its prior underestimates (1.2 m/s for 9 m/s: a reversal inside the first interval). 1.7 s
+    later the prediction is 13 m short; tracking around it settles on a copy of the street there
+    (fitness 0.53) and agrees with the prediction. With the repetition test the copy 13 m on fits
+    the structure far better, the global search decides and the step is right; without it (the
+    shipped behaviour before, and ``max_repetition: 0``) the slide is trusted."""
+    from s2h_ros.pipeline import Registrar
+
+    odo = KeyframeOdometry(odometry=OdometryConfig(),
+                           registrar=Registrar(RegistrationConfig(max_repetition=max_repetition)))
+    assert odo.step(soak_drive[36].points, 0.0).success
+    assert odo.step(soak_drive[34].points, 1.5).success  # twist about -1.2 m/s: 1.8 m in 1.5 s
+    assert odo._prediction_stale(3.2)  # 1.7 s > max_gap, although not a gap (3 intervals of 1.5 s)
+    step = odo.step(soak_drive[17].points, 3.2)
+    assert step.success and step.event == "", (step.event, step.message)
+    te = geometry.transform_errors(step.T_keyframe_scan, _truth(soak_drive, 36, 17))[1]
+    if max_repetition:
+        assert te < 0.1, te
+        assert step.result.search == "global" and "repetition" in step.result.timings
+    else:
+        assert te > 10.0, te  # the hazard this guards against is real
+        assert step.result.search == "prior"
+
+
+def test_after_a_relocalisation_the_next_prediction_is_stale_until_a_tracked_step(soak_drive, registrar):
+    """A relocalisation's twist is the mean over its gap (a reversal inside it averages out):
+    the scan after it, 0.1 s later, is checked as a stale prediction's would be; the one after
+    that, predicted from a tracked twist, is not."""
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    for i in (0, 1, 2):
+        assert odo.step(soak_drive[i].points, 0.1 * i).success
+    assert not odo._prediction_stale(0.3)
+    found = odo.step(soak_drive[22].points, 2.2)  # 2 s without data: a gap
+    assert found.success and found.event == "relocalised", (found.event, found.message)
+    assert odo._prediction_stale(2.3)
+    after = odo.step(soak_drive[23].points, 2.3)
+    assert after.success and after.event == "" and after.result.repetition is not None, after.message
+    assert not odo._prediction_stale(2.4)
+    te = geometry.transform_errors(geometry.invert_transform(found.pose) @ after.pose, _truth(soak_drive, 22, 23))[1]
+    assert te < 0.1, te
+
+
 def test_a_real_gap_is_still_a_gap_and_a_fixed_max_gap_remains_the_floor():
     odo = KeyframeOdometry(RegistrationConfig(features="fpfh"), OdometryConfig(max_gap=1.0, gap_periods=3.0))
     odo.intervals.extend([0.1] * 10)  # a 10 Hz sensor, every scan processed
