@@ -216,7 +216,9 @@ def run(args: argparse.Namespace) -> dict:
         files, config, odometry = drive_settings(sensor, args.params_file)
         if args.min_constraint is not None:
             config = config.replace(min_constraint=args.min_constraint)
-        registrar = registrars.get(repr(config)) or registrars.setdefault(repr(config), Registrar(config))
+        if repr(config) not in registrars:
+            registrars[repr(config)] = Registrar(config)
+        registrar = registrars[repr(config)]
         drives.append(drive_trust(sensor, seed, args.frames, args.every, args.max_te, args.max_re, registrar, family,
                                   odometry))
         d = drives[-1]
