@@ -1055,7 +1055,7 @@ CLI = [  # (name, what, arguments, exit status, texts of the stderr line, test)
      "test_empty_file"),
     ("cli_random_bytes_bin", "16000 random bytes as .bin",
      lambda b: [_file(b, "rand.bin", np.random.default_rng(1).bytes(16000)), _kitti_bin(b)], 2,
-     ("source:", "not metric coordinates"), "test_random_bytes_as_bin_are_refused_not_hashed"),
+     ("rand.bin:", "is negative: not a KITTI .bin"), "test_random_bytes_as_bin_are_refused_not_hashed"),
     ("cli_truncated_bin", "a KITTI .bin cut at 15000 bytes",
      lambda b: [_file(b, "cut.bin", _kitti_bin(b).read_bytes()[:15000]), _kitti_bin(b)], 2,
      ("truncated or not a KITTI .bin",), "test_truncated_n_by_4_bin_whose_size_divides_by_24_is_refused"),
