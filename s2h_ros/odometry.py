@@ -252,24 +252,24 @@ class KeyframeOdometry:
     def _beats_its_copy(self, result: RegistrationResult, prepared: PreparedCloud,
                         keyframe: Keyframe) -> RegistrationResult:
         """A hypothesis of a stale prediction (``_prediction_stale``), trusted so far: the repetition
-        test (``Registrar.unrepeated``) names its strongest sideways-shifted copy; when the copy fits
+        test (``Registrar.repetition_of``) names its strongest sideways-shifted copy; when the copy fits
         the structure as well, ICP from it is a competing hypothesis, and ``result`` stands only if
         it explains the scan clearly better (``fitness_fine``, by ``ambiguity_margin``) or that ICP
         fails. A slide onto a prediction metres off loses to the truth the copy leads to (soak:
         0.62 vs 0.43); a right result whose copy only matched a sparse sensor's scan pattern keeps
         (held-out VLP-16 town taken every 1.2 s: 2 such copies, ratio 1.06 and 1.45, 7.3 m on)."""
-        tested = self.registrar.unrepeated(prepared, keyframe.cloud, result)
-        if tested.success or tested.repetition is None:
-            return tested
+        reg = self.registrar
+        repeated = reg.repetition_of(prepared, keyframe.cloud, result)
+        if repeated is None or repeated.ratio < reg.config.max_repetition:
+            return result
         shift = np.eye(4)
-        shift[:2, 3] = tested.repetition.shift
-        copy = self.registrar.refine(prepared, keyframe.cloud, shift @ tested.transform, tested.correspondences)
-        if not copy.success or tested.fitness_fine >= copy.fitness_fine + self.cfg.ambiguity_margin:
-            tested.success, tested.message = True, ""  # the copy leads nowhere better
-        else:
-            tested.message += (f"; ICP from that copy explains the scan as well or better "
-                               f"({copy.fitness_fine:.2f} vs {tested.fitness_fine:.2f})")
-        return _with_timings(tested, copy)
+        shift[:2, 3] = repeated.shift
+        copy = reg.refine(prepared, keyframe.cloud, shift @ result.transform, result.correspondences)
+        if copy.success and result.fitness_fine < copy.fitness_fine + self.cfg.ambiguity_margin:
+            result.success = False
+            result.message = (f"{repeated.refusal(reg.config.max_repetition)}; ICP from that copy explains the scan "
+                              f"as well or better ({copy.fitness_fine:.2f} vs {result.fitness_fine:.2f})")
+        return _with_timings(result, copy)
 
     def _correction_checked(self, tracking: RegistrationResult, prepared: PreparedCloud, keyframe: Keyframe,
                             prior: np.ndarray, icp: RegistrationResult | None = None) -> RegistrationResult:

@@ -700,26 +700,30 @@ class Registrar:
                 f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the scene, "
                 "aligns")
 
-    def unrepeated(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
-                   timer: _Timer | None = None) -> RegistrationResult:
-        """``result``, trusted so far, with no sideways-shifted copy that fits the scene as well
-        (``result_repetition``); else not trusted, naming the copy. ``register`` asks it of a global
-        search's final result, once, not of every hypothesis tried: the test costs 0.1-0.5 s, and a
-        refused hypothesis must not hand the win to another one. The odometry asks it of tracking's
-        result when its motion prediction is stale (``KeyframeOdometry``). Its time is
-        ``repetition`` in ``result.timings``."""
+    def repetition_of(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
+                      timer: _Timer | None = None) -> Repetition | None:
+        """The strongest sideways-shifted copy of ``result`` (``result_repetition``), also kept in
+        ``result.repetition``; None when the test is off or ``result`` is not trusted. Its time is
+        ``repetition`` in ``result.timings`` (0.1-0.5 s)."""
         cfg = self.config
         if not result.success or cfg.max_repetition <= 0:
-            return result
+            return None
         T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
         with (timer or _Timer(result.timings)).stage("repetition"):
             result.repetition = result_repetition(src, tgt, T, cfg)
-        if result.repetition.ratio >= cfg.max_repetition:
+        return result.repetition
+
+    def unrepeated(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
+                   timer: _Timer | None = None) -> RegistrationResult:
+        """``result``, trusted so far, with no sideways-shifted copy that fits the scene as well
+        (``repetition_of``); else not trusted, naming the copy. ``register`` asks it of a global
+        search's final result, once, not of every hypothesis tried: the test costs 0.1-0.5 s, and a
+        refused hypothesis must not hand the win to another one. (The odometry weighs tracking's
+        result after a stale prediction against its copy itself: ``KeyframeOdometry``.)"""
+        repeated = self.repetition_of(src, tgt, result, timer)
+        if repeated is not None and repeated.ratio >= self.config.max_repetition:
             result.success = False
-            result.message = (f"ambiguous: shifted by {result.repetition.describe()} the result fits the structure "
-                              f"off the ground {result.repetition.ratio:.2f} times as well as where it is (max "
-                              f"{cfg.max_repetition:.2f}): the scene repeats (rack bays, colonnades) or the result "
-                              f"slid along it")
+            result.message = repeated.refusal(self.config.max_repetition)
         return result
 
     def _inlier_weights(self, src_xyz, tgt_xyz, pairs: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, bool]:

@@ -47,6 +47,12 @@ class Repetition:
     def describe(self) -> str:
         return f"({self.shift[0]:+.2f}, {self.shift[1]:+.2f}) m"
 
+    def refusal(self, max_repetition: float) -> str:
+        """Why a result whose copy fits as well (``ratio >= max_repetition``) is not trusted."""
+        return (f"ambiguous: shifted by {self.describe()} the result fits the structure off the ground "
+                f"{self.ratio:.2f} times as well as where it is (max {max_repetition:.2f}): the scene repeats "
+                f"(rack bays, colonnades) or the result slid along it")
+
     def to_dict(self) -> dict:
         return {"ratio": self.ratio, "shift_m": self.shift.tolist(), "fit": self.fit}
 
