@@ -40,7 +40,8 @@ import torch
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
-from s2h_ros.degeneracy import Degeneracy, surface_planarity, weakest_direction
+from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence, surface_planarity,
+                                 weakest_direction)
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
 
@@ -141,6 +142,9 @@ class RegistrationResult:
     # The weakest direction of the point-to-plane normal equations at the result and how much the
     # geometry constrains it (s2h_ros.degeneracy); below RegistrationConfig.min_constraint: not trusted.
     degeneracy: Degeneracy | None = None
+    # Below RegistrationConfig.weak_constraint: whether the structure that would show a slide along
+    # the weakest direction agrees (s2h_ros.degeneracy.slide_evidence); None where not asked.
+    slide: SlideEvidence | None = None
     # The strongest sideways-shifted copy of the result (s2h_ros.repetition), asked of a global
     # search's and of tracking's after a stale prediction (s2h_ros.odometry); None where not asked
     # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
@@ -158,6 +162,7 @@ class RegistrationResult:
             "num_inliers": self.num_inliers,
             "degeneracy": self.degeneracy.to_dict() if self.degeneracy is not None else None,
             "repetition": self.repetition.to_dict() if self.repetition is not None else None,
+            "slide_evidence": self.slide.to_dict() if self.slide is not None else None,
             "inlier_ratio": self.inlier_ratio,
             "fitness": self.fitness,
             "fitness_fine": self.fitness_fine,
@@ -656,6 +661,12 @@ class Registrar:
             success = False
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
+        slide = None
+        if success and degeneracy.eigenvalue < cfg.weak_constraint:
+            with timer.stage("verify"):
+                slide = slide_evidence(src.xyz, tgt.xyz, T, degeneracy.direction[:3], cfg.inlier_distance)
+            message = _slide_refusal(slide, degeneracy, cfg)
+            success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         if success and structure:
             message = self._zero_motion_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer)
@@ -682,6 +693,7 @@ class Registrar:
             },
             covariance=covariance,
             degeneracy=degeneracy,
+            slide=slide,
         )
 
     def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, moved: float,
@@ -952,6 +964,26 @@ class PlaneRows(NamedTuple):
     normals: np.ndarray  # (m, 3) unit normal n of the nearest target voxel q
     residuals: np.ndarray  # (m,) r = n . (p - q)
     target_index: np.ndarray  # (m,) int64 index of q in the target's voxels
+
+
+def _slide_refusal(slide: SlideEvidence, degeneracy: Degeneracy, cfg: RegistrationConfig) -> str:
+    """Why a result in the grey zone of the constraint measure (below ``weak_constraint``) is not
+    trusted: nothing would show a slide, or the structure that would fits clearly better elsewhere
+    along the weakest direction, or hardly fits where the result is; "" when it fits there best."""
+    weak = f"weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}"
+    if slide.structures < MIN_SLIDE_STRUCTURES:
+        return (f"degenerate: only {slide.structures} voxels of structure would show a {degeneracy.describe()} "
+                f"(need {MIN_SLIDE_STRUCTURES}; {weak})")
+    if slide.gain >= cfg.slide_margin:
+        view = "in plan" if slide.in_plan else "in 3-D"
+        return (f"degenerate: a slide along the weakest direction, {degeneracy.describe()}? the {slide.structures} "
+                f"voxels of structure that would show one (poles, signs, ends of walls) fit the keyframe's "
+                f"{slide.best:.0%} at {slide.shift:+.1f} m along it, {slide.at_result:.0%} at the result ({view}; {weak})")
+    if slide.fits < MIN_SLIDE_FIT:
+        return (f"degenerate: of the {slide.structures} voxels of structure that would show a slide along the weakest "
+                f"direction, {degeneracy.describe()} (poles, signs, ends of walls), {slide.fits:.0%} fit the keyframe's "
+                f"at the result (need {MIN_SLIDE_FIT:.0%}; {weak})")
+    return ""
 
 
 def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig) -> PlaneRows:

@@ -237,3 +237,83 @@ def test_sensor_fixed_scan_lines_do_not_count_as_constraints(registrar):
     T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
     rows = point_to_plane_rows(src.xyz, tgt, T, registrar.config)
     assert weakest_direction(rows.points, rows.normals).eigenvalue > MIN_CONSTRAINT
+
+
+# ---------------------------------------------------------------- slide evidence (grey zone)
+
+def highway(pole_spacing: float = 25.0):
+    """Ground, two guardrails 0.8 m high along x at y = -7 / +8, and a pole behind each every
+    ``pole_spacing`` metres: invariant along x but for the poles."""
+    rail = GROUND_Z + 0.8
+    poles = [_pole(x, y, 0.15, GROUND_Z + 6.0) for x in np.arange(-100.0, 101.0, pole_spacing) for y in (-8.5, 9.5)]
+    return [_plane([0, 0, 1], GROUND_Z), _plane([0, 1, 0], -7.0, below_z=rail), _plane([0, 1, 0], 8.0, below_z=rail)] + poles
+
+
+def test_slide_evidence_finds_where_the_structure_that_shows_a_slide_fits():
+    """A VLP-16 4 m on along the highway: at zero motion its rings on the road and on the rails lie
+    on their twins, so only the poles can show the slide. From the zero-motion result the poles fit
+    the keyframe's best 4 m along the road (the truth); from the truth they fit best where they are.
+    A result off sideways fits the poles nowhere. Ground and rails (extended along x) are not
+    counted: without poles nothing shows the slide."""
+    from s2h_ros.degeneracy import MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, slide_evidence
+
+    rng = np.random.default_rng(3)
+    surfaces = highway()
+    target, source = scan(surfaces, "vlp16", 0.0, rng), scan(surfaces, "vlp16", 4.0, rng)
+    distance = RegistrationConfig().inlier_distance
+    along_x = np.array([1.0, 0.0, 0.0])
+    alias = slide_evidence(source, target, np.eye(4), along_x, distance)
+    assert alias.structures >= MIN_SLIDE_STRUCTURES
+    assert alias.at_result < 0.2 and alias.best > 0.8, alias
+    assert abs(alias.shift - 4.0) <= distance / 2, alias
+    truth = slide_evidence(source, target, _translation(4.0), along_x, distance)
+    assert truth.at_result > 0.8 and truth.gain < 0.0, truth
+    assert truth.fits >= MIN_SLIDE_FIT
+    # Off sideways by 3 m as well: the poles fit nowhere along the road, and not where it is.
+    sideways = slide_evidence(source, target, geometry.make_transform(np.eye(3), np.array([0.0, 3.0, 0.0])),
+                              along_x, distance)
+    assert sideways.fits < MIN_SLIDE_FIT and sideways.best < 0.2, sideways
+    bare = highway(pole_spacing=1e4)
+    bare_target, bare_source = scan(bare, "vlp16", 0.0, rng), scan(bare, "vlp16", 4.0, rng)
+    nothing = slide_evidence(bare_source, bare_target, np.eye(4), along_x, distance)
+    assert nothing.structures < MIN_SLIDE_STRUCTURES, nothing
+
+
+def test_a_16_beam_slide_in_the_grey_zone_is_not_trusted(registrar):
+    """Development world 1530 (VLP-16 highway, never used for evaluation): scan 26 against scan 14,
+    3.8 m on. ICP from zero motion (what tracking confirmed there, scan after scan, before this test)
+    stays at zero motion with fitness 0.66 and a weakest constraint just above the gate; its slide
+    evidence refuses it: the poles fit the keyframe's where the truth is. Without the slide test
+    the same result is trusted."""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    seq = simulate_sequence(n_frames=40, seed=1530, sensor="vlp16", family="highway")
+    src, tgt = registrar.prepare(seq[26].points), registrar.prepare(seq[14].points)
+    truth = geometry.invert_transform(seq.poses[14]) @ seq.poses[26]
+    alias = registrar.refine(src, tgt, np.eye(4))
+    assert geometry.transform_errors(alias.transform, truth)[1] > 3.0
+    cfg = registrar.config
+    assert cfg.min_constraint <= alias.degeneracy.eigenvalue < cfg.weak_constraint, alias.degeneracy
+    assert not alias.success
+    assert alias.message.startswith("degenerate: a slide along the weakest direction"), alias.message
+    # The structure that shows the slide fits clearly better about 3.8 m on: where the truth is.
+    assert alias.slide.gain >= cfg.slide_margin, alias.slide
+    assert abs(alias.slide.shift - np.linalg.norm(truth[:3, 3])) < 0.7, alias.slide
+    assert alias.to_dict()["slide_evidence"]["structures"] >= 10
+    ungated = Registrar(cfg.replace(weak_constraint=0.0))
+    ungated._models = registrar._load_models()
+    assert ungated.refine(src, tgt, np.eye(4)).success
+
+
+def test_a_right_result_in_the_grey_zone_is_still_trusted(registrar):
+    """Development world 1533 (OS1-64 highway): scan 38 against scan 32; ICP from the truth is right,
+    its weakest constraint in the grey zone, and its poles fit best where it is."""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    seq = simulate_sequence(n_frames=40, seed=1533, sensor="os1_64", family="highway")
+    truth = geometry.invert_transform(seq.poses[32]) @ seq.poses[38]
+    result = registrar.refine(registrar.prepare(seq[38].points), registrar.prepare(seq[32].points), truth)
+    assert result.success, result.message
+    assert geometry.transform_errors(result.transform, truth)[1] < 0.2
+    assert result.degeneracy.eigenvalue < registrar.config.weak_constraint
+    assert result.slide.gain < registrar.config.slide_margin, result.slide

@@ -105,30 +105,35 @@ def test_the_gap_follows_the_rate_scans_arrive_at(soak_drive, registrar):
         assert te < 0.1 and re < 0.5, (a, b, te, re)
 
 
-@pytest.mark.parametrize("max_repetition", [0.9, 0.0])
-def test_a_stale_prediction_does_not_vouch_for_tracking(soak_drive, max_repetition):
+@pytest.mark.parametrize("guard", ["repetition", "slide_evidence", "neither"])
+def test_a_stale_prediction_does_not_vouch_for_tracking(soak_drive, guard):
     """The soak's slides: a node taking a scan every 1.5 s of the drive, backwards, at a speed
     its prior underestimates (1.2 m/s for 9 m/s: a reversal inside the first interval). 1.7 s
     later the prediction is 13 m short; tracking around it settles on a copy of the street there
     (fitness 0.53) and agrees with the prediction. With the repetition test the copy 13 m on fits
-    the structure far better, the global search decides and the step is right; without it (the
-    shipped behaviour before, and ``max_repetition: 0``) the slide is trusted."""
+    the structure far better, the global search decides and the step is right. The slide evidence
+    (s2h_ros.degeneracy) refuses the slide on its own too: its weakest constraint is in the grey
+    zone and the poles along the street miss. Without either (``max_repetition: 0``,
+    ``weak_constraint: 0``, the shipped behaviour before both) the slide is trusted."""
     from s2h_ros.pipeline import Registrar
 
-    odo = KeyframeOdometry(odometry=OdometryConfig(),
-                           registrar=Registrar(RegistrationConfig(max_repetition=max_repetition)))
+    config = {"repetition": RegistrationConfig(weak_constraint=0.0),
+              "slide_evidence": RegistrationConfig(max_repetition=0.0),
+              "neither": RegistrationConfig(max_repetition=0.0, weak_constraint=0.0)}[guard]
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=Registrar(config))
     assert odo.step(soak_drive[36].points, 0.0).success
     assert odo.step(soak_drive[34].points, 1.5).success  # twist about -1.2 m/s: 1.8 m in 1.5 s
     assert odo._prediction_stale(3.2)  # 1.7 s > max_gap, although not a gap (3 intervals of 1.5 s)
     step = odo.step(soak_drive[17].points, 3.2)
     assert step.success and step.event == "", (step.event, step.message)
     te = geometry.transform_errors(step.T_keyframe_scan, _truth(soak_drive, 36, 17))[1]
-    if max_repetition:
-        assert te < 0.1, te
-        assert step.result.search == "global" and "repetition" in step.result.timings
-    else:
+    if guard == "neither":
         assert te > 10.0, te  # the hazard this guards against is real
         assert step.result.search == "prior"
+    else:
+        assert te < 0.1, te
+        assert step.result.search == "global"
+        assert ("repetition" in step.result.timings) == (guard == "repetition")
 
 
 def test_a_right_tracking_result_keeps_when_icp_from_its_copy_explains_the_scan_worse(registrar):

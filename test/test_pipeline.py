@@ -269,7 +269,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted():
     """Held-out world 31, Livox (70 deg rosette), a pair 15.6 m apart turned by 179 deg: the global
     search lands at zero motion, where the sensor's ground pattern aligns with itself (fitness
     0.51 >= min_fitness, TE 15.4 m). Off the ground only 0.38 of the voxels fit: not trusted. The
-    same search without this test and the repetition test trusts the wrong pose."""
+    same search without this test, the slide evidence and the repetition test trusts the wrong pose."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
     from s2h_ros.pipeline import structure_fitness
@@ -280,12 +280,19 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted():
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert te > 10.0 and result.fitness >= 0.5  # wrong, and the overall fitness would pass
-    assert not result.success and "off the ground" in result.message, result.message
-    unchecked = Registrar(RegistrationConfig(min_structure_fitness=0.0, max_repetition=0.0)).register(src, tgt)
+    # Three tests refuse it, each on its own. The slide evidence (s2h_ros.degeneracy) first: its
+    # weakest constraint is in the grey zone and the structure that would show the slide fits
+    # clearly better elsewhere along it.
+    assert not result.success and result.message.startswith("degenerate: a slide along"), result.message
+    assert result.slide.gain >= reg.config.slide_margin
+    no_slide = RegistrationConfig(weak_constraint=0.0)
+    off_ground = Registrar(no_slide).register(src, tgt)
+    assert not off_ground.success and "off the ground" in off_ground.message, off_ground.message
+    unchecked = Registrar(no_slide.replace(min_structure_fitness=0.0, max_repetition=0.0)).register(src, tgt)
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 10.0
     # The repetition test (s2h_ros.repetition) refuses it on its own too: shifted by about the
     # truth's 15.6 m the scan's structure fits several times better than where the result put it.
-    alone = Registrar(RegistrationConfig(min_structure_fitness=0.0)).register(src, tgt)
+    alone = Registrar(no_slide.replace(min_structure_fitness=0.0)).register(src, tgt)
     assert not alone.success and alone.message.startswith("ambiguous: shifted by"), alone.message
     assert alone.repetition.ratio > 2.0
     # The right transform explains the structures better than the ground-driven one does.
