@@ -75,6 +75,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from s2h_ros import geometry
+
 # The ground for the slide test: the voxels within half the inlier distance of the lowest one in
 # their plan cell of GROUND_CELL_DISTANCES inlier distances (1.8 m at the outdoor 0.6 m).
 GROUND_CELL_DISTANCES = 3.0
@@ -197,14 +199,13 @@ def _not_extended(points: np.ndarray, direction: np.ndarray, shift: float, radiu
     return ahead & behind
 
 
-def _slide_profile(points: np.ndarray, target: np.ndarray, direction: np.ndarray, shifts: np.ndarray,
+def _slide_profile(points: np.ndarray, target_tree, direction: np.ndarray, shifts: np.ndarray,
                    distance: float) -> np.ndarray:
-    """``(S,)`` the fraction of the ``(n, k)`` ``points`` within ``distance`` of a ``(M, k)`` ``target``
-    point when moved by each of ``shifts`` (S,) along the unit ``direction`` (k,)."""
-    from scipy.spatial import cKDTree
-
+    """``(S,)`` the fraction of the ``(n, k)`` ``points`` within ``distance`` of a target point (its
+    k-dimensional cKDTree ``target_tree``) when moved by each of ``shifts`` (S,) along the unit
+    ``direction`` (k,)."""
     moved = points[None, :, :] + shifts[:, None, None] * direction
-    near = cKDTree(target).query(moved.reshape(-1, points.shape[1]), distance_upper_bound=distance)[0] < distance
+    near = target_tree.query(moved.reshape(-1, points.shape[1]), distance_upper_bound=distance)[0] < distance
     return near.reshape(len(shifts), len(points)).mean(axis=1)
 
 
@@ -226,6 +227,8 @@ def slide_evidence(source: np.ndarray, target: np.ndarray, T: np.ndarray, direct
     translation in the target frame), at the inlier ``distance``, for positions up to
     ``SLIDE_SHIFT_RANGE`` inlier distances along it: counted in 3-D and, when ``d`` is mostly
     horizontal, in plan; the count whose best other position gains most is returned."""
+    from scipy.spatial import cKDTree
+
     source, target = np.asarray(source, np.float64), np.asarray(target, np.float64)
     direction = np.asarray(direction, np.float64)
     cell, height = GROUND_CELL_DISTANCES * distance, distance / 2
@@ -235,7 +238,7 @@ def slide_evidence(source: np.ndarray, target: np.ndarray, T: np.ndarray, direct
     if len(structure) == 0 or len(target_structure) == 0:
         return none
     d_source = T[:3, :3].T @ direction  # the direction in the source frame
-    moved = structure @ T[:3, :3].T + T[:3, 3]
+    moved = geometry.apply_transform(T, structure)
     tolerance = distance / 2  # as fitness_fine: a slide of about the inlier distance shows
     steps = np.floor(SLIDE_SHIFT_RANGE * distance / (tolerance / 2))
     shifts = np.arange(-steps, steps + 1) * (tolerance / 2)
@@ -252,8 +255,9 @@ def slide_evidence(source: np.ndarray, target: np.ndarray, T: np.ndarray, direct
             points = points[np.random.default_rng(0).choice(len(points), SLIDE_POINTS, replace=False)]
         if len(points) == 0:
             continue
-        fits = max(fits, float(_slide_profile(points, target_structure[:, axes], d_target, np.zeros(1), distance)[0]))
-        f = _slide_profile(points, target_structure[:, axes], d_target, shifts, tolerance)
+        tree = cKDTree(target_structure[:, axes])  # one per view, for both counts
+        fits = max(fits, float(_slide_profile(points, tree, d_target, np.zeros(1), distance)[0]))
+        f = _slide_profile(points, tree, d_target, shifts, tolerance)
         k = int(np.argmax(np.where(other, f, -1.0)))
         here = SlideEvidence(float(f[len(shifts) // 2]), float(f[k]), _plateau_middle(f, shifts, k), int(lone.sum()),
                              in_plan)
