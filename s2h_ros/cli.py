@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "pipeline": ("s2h_ros.benchmarks.pipeline", "register() time per stage against FPFH + RANSAC"),
     "stages": ("s2h_ros.benchmarks.stages", "time of each registration stage per device (GPU vs CPU in one run)"),
     "replay": ("s2h_ros.benchmarks.replay", "registration_node under a live stream vs KISS-ICP"),
+    "stream": ("s2h_ros.benchmarks.stream", "the node's odometry under a sensor-rate stream in one process, any device"),
     "trust": ("s2h_ros.benchmarks.trust", "wrong-but-trusted and needlessly rejected scans per sensor preset"),
     "robustness": ("s2h_ros.benchmarks.robustness", "every bad-input and fault case against the node, CLI and library; soak"),
 }

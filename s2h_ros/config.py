@@ -18,6 +18,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "matcher": ("s2h", "nn", "mutual_nn"),
     "outlier_profit": ("inverse_variance", "scaled_inverse_variance", "slack", "constant"),  # matching.OUTLIER_RULES
     "refine": ("icp", "none"),
+    "icp_backend": ("auto", "open3d", "torch"),
 }
 
 
@@ -63,6 +64,7 @@ class RegistrationConfig:
     refine: str = field(default="icp", metadata=_meta("refinement after Procrustes: icp (robust point-to-plane) or none"))
     refine_iters: int = field(default=30, metadata=_meta("refinement iterations", 1, 1000))
     refine_tolerance: float = field(default=1e-4, metadata=_meta("ICP stops when its fitness and inlier RMSE change by less than this fraction in one iteration (Open3D's relative criteria; its default 1e-6 ran the 30 iterations nearly always). Held-out VLP-32 drive, 400 scans, one thread: registration ICP 61 -> 34 ms, map refinement 94 -> 56 ms, ATE 1.67 / 1.71 cm, drift 0.074 / 0.070 %; 1e-3 was faster again but drift rose to 0.13 % (docs/performance.md); 0: run every iteration", 0.0, 1.0))
+    icp_backend: str = field(default="auto", metadata=_meta("where the point-to-plane ICP runs (the registration's and the local map's): open3d (CPU), torch (s2h_ros.icp, on device: the same iteration, equal to Open3D within 0.02 mm / 0.001 deg on the real KITTI pair), auto (torch when device is a GPU, else open3d)"))
     inlier_distance: float = field(default=0.6, metadata=_meta("metres: a correspondence is an inlier within this after alignment (DGR: 2 x voxel)", 1e-4, 100.0))
     min_inliers: int = field(default=30, metadata=_meta("success needs at least this many inlier correspondences", 3, 1_000_000))
     min_fitness: float = field(default=0.5, metadata=_meta("success needs this fraction of source voxels within inlier_distance of the target (wrong lidar alignments measured <= 0.43, right ones >= 0.64)", 0.0, 1.0))
@@ -139,6 +141,20 @@ def _validate(cfg: Any) -> None:
     if dev is not None:
         if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ConfigError(f"device: {dev!r} is not cpu, cuda or cuda:N")
+
+
+def torch_cpu_threads(requested: int, device: str) -> int:
+    """torch's CPU threads for registration on ``device``: ``requested`` when > 0; else on a CPU all
+    cores but one (at least 1; the other serves the executor and DDS), and on a GPU 1: the device
+    path's CPU work is Open3D's and scipy's (their own threads), and idle torch threads only take
+    cores from them and from the kernel launches (H200, held-out 64-beam drive, lock-step, same
+    machine: step p50 200 ms with 15 threads, 152 ms with 1; FCGF's preparation 71 -> 28 ms;
+    docs/performance.md)."""
+    import os
+
+    if requested > 0:
+        return requested
+    return 1 if device != "cpu" else max(1, (os.cpu_count() or 1) - 1)
 
 
 def config_from_dict(cls: type, values: dict[str, Any]) -> Any:

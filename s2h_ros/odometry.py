@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.spatial.transform import Rotation
@@ -107,6 +107,12 @@ class OdometryStep:
     event: str = ""
     # The fine refinement of ``pose`` against the local map (``map_keyframes``); None when it did not run.
     refinement: Refinement | None = None
+    # Stage times of this step in ms (the device synchronised after each device stage): the scan's
+    # preparation (voxelize, features, map_scan), the registration's stages (RegistrationResult.
+    # timings, map_refine included; when tracking was lost, "lost_tracking": every registration of
+    # the scan, against each keyframe tried) and "rest" (keyframe and map bookkeeping); they sum to
+    # the step.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(eq=False)  # compared by identity (deque.remove): the arrays have no truth value
@@ -140,6 +146,7 @@ class KeyframeOdometry:
         # rate this odometry is fed at when its caller falls behind); kept across segments.
         self.intervals: deque[float] = deque(maxlen=RECENT_INTERVALS)
         self.received_stamp: float | None = None
+        self._lost_since: float | None = None  # when this step found tracking lost (its timings)
         self._start(None)
 
     def _start(self, stamp: float | None) -> None:
@@ -168,6 +175,20 @@ class KeyframeOdometry:
 
     # ------------------------------------------------------------------ one scan
     def step(self, points: np.ndarray, stamp: float) -> OdometryStep:
+        t0 = time.perf_counter()
+        prepare_ms: dict[str, float] = {}
+        self._lost_since = None
+        out = self._step(points, stamp, prepare_ms)
+        if self._lost_since is not None:  # every registration of a lost track, against each keyframe tried
+            registration = {"lost_tracking": 1e3 * (time.perf_counter() - self._lost_since)}
+        else:
+            registration = dict(out.result.timings) if out.result is not None else {}
+            registration.pop("total", None)
+        out.timings = {**prepare_ms, **registration}
+        out.timings["rest"] = max(0.0, 1e3 * (time.perf_counter() - t0) - sum(out.timings.values()))
+        return out
+
+    def _step(self, points: np.ndarray, stamp: float, prepare_ms: dict[str, float]) -> OdometryStep:
         index = self.count
         self.count += 1
         event = ""
@@ -185,7 +206,10 @@ class KeyframeOdometry:
             self._check(points)
             checked = check_cloud("cloud", points, self.registrar.config.voxel_size)  # once, for both uses
             prepared = self.registrar.prepare(checked)
+            prepare_ms.update(prepared.timings)
+            t_scan = time.perf_counter()
             scan = self.local_map.scan(checked) if self.local_map is not None else None  # for the fine refinement
+            prepare_ms["map_scan"] = 1e3 * (time.perf_counter() - t_scan)
         except RegistrationError as exc:
             return self._failed(index, stamp, f"bad scan: {exc}", None)
         if not self.keyframes:
@@ -195,6 +219,7 @@ class KeyframeOdometry:
         prior_trusted = self.twist_known and self.failures == 0 and not gap
         current = self.keyframes[-1]
         prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
+        started = time.perf_counter()
         result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp))
         if result.success:
             if gap:  # found again without a usable prior
@@ -204,6 +229,7 @@ class KeyframeOdometry:
         self.failures += 1
         if self.failures < self.cfg.max_failures and not gap:
             return self._failed(index, stamp, result.message, result)
+        self._lost_since = started
         return self._recover(index, stamp, prepared, scan, result)
 
     # ------------------------------------------------------------------ stages

@@ -869,16 +869,29 @@ def estimate_normals(xyz: np.ndarray, voxel: float) -> np.ndarray:
     return np.asarray(pcd.normals)
 
 
+def icp_on_device(cfg: RegistrationConfig) -> bool:
+    """Whether ``refine_icp`` runs on ``cfg.device`` (s2h_ros.icp) rather than in Open3D (``icp_backend``)."""
+    if cfg.icp_backend == "auto":
+        return cfg.device != "cpu"
+    return cfg.icp_backend == "torch"
+
+
 def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig,
                tgt_normals: np.ndarray | None = None) -> np.ndarray:
-    """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds (Open3D); the target's
-    ``(M, 3)`` normals are estimated here unless given (a keyframe's are computed once)."""
+    """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds: Open3D, or the same
+    iteration on ``cfg.device`` (``icp_on_device``); the target's ``(M, 3)`` normals are
+    estimated here unless given (a keyframe's are computed once)."""
+    normals = estimate_normals(tgt, cfg.voxel_size) if tgt_normals is None else tgt_normals
+    if icp_on_device(cfg):
+        from s2h_ros.icp import point_to_plane_icp
+
+        return point_to_plane_icp(src, tgt, normals, T, 2.0 * cfg.voxel_size, cfg.voxel_size, cfg.refine_tolerance,
+                                  cfg.refine_iters, cfg.device)
     import open3d as o3d
 
     reg = o3d.pipelines.registration
     ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
     pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
-    normals = estimate_normals(tgt, cfg.voxel_size) if tgt_normals is None else tgt_normals
     pt.normals = o3d.utility.Vector3dVector(np.asarray(normals, dtype=np.float64))
     loss = reg.TukeyLoss(k=cfg.voxel_size)
     res = reg.registration_icp(

@@ -83,3 +83,16 @@ def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
     bad.write_text("registration_node:\n  ros__parameters:\n    registration:\n      voxle_size: 0.2\n")
     with pytest.raises(ConfigError, match="voxle_size"):
         configs_from_params_files([bad])
+
+
+def test_torch_threads_leave_a_core_on_the_cpu_and_one_thread_with_a_gpu(monkeypatch):
+    import os
+
+    from s2h_ros.config import torch_cpu_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert torch_cpu_threads(0, "cpu") == 15
+    assert torch_cpu_threads(0, "cuda") == 1 and torch_cpu_threads(0, "cuda:1") == 1
+    assert torch_cpu_threads(6, "cuda") == 6 and torch_cpu_threads(6, "cpu") == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert torch_cpu_threads(0, "cpu") == 1

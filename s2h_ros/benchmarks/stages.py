@@ -3,7 +3,9 @@
 The node's latency per scan is the sum of stages that run where ``device`` says (voxelise +
 FCGF features, the S2H search with the global feature k-NN or the tracking support from the
 motion prior, the extra features of each heading hypothesis) and stages that always run on the
-CPU (Open3D normals of a new keyframe, the RANSAC safeguard, point-to-plane ICP, verification).
+CPU (Open3D normals of a new keyframe, the RANSAC safeguard, verification, and Open3D's
+point-to-plane ICP: with a GPU the odometry runs ICP on the device instead, ``s2h_ros.icp``,
+``icp_backend: auto``; ``s2h bench stream`` times the whole step there).
 This bench times the first group on each device in ``--devices`` (default: cpu, and cuda when
 available) on consecutive scans of a drive, so that the speed-up of a GPU is a ratio measured
 in one run, and the second group on the CPU when Open3D imports (it does not on every GPU

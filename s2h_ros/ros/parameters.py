@@ -72,9 +72,10 @@ NODE_PARAMETERS: tuple[ParamSpec, ...] = (
               read_only=False),
     ParamSpec("path_max_length", 1000, "most poses kept in the published ~/path (oldest dropped)", (1, 1_000_000)),
     ParamSpec("diagnostics_period", 1.0, "seconds between diagnostics messages", (0.05, 3600.0)),
-    ParamSpec("cpu_threads", 0, "torch threads for registration on the CPU; 0: all cores but one (at least 1), which "
+    ParamSpec("cpu_threads", 0, "torch CPU threads; 0: with device cpu all cores but one (at least 1), which "
               "stays free for the executor and DDS (2-core VM, 64-beam stream at 10 Hz: 1 thread answered 123 scans, "
-              "latency p50 340 ms; 2 threads 69 scans, 766 ms: OpenMP threads stall when a core is taken)", (0, 1024)),
+              "latency p50 340 ms; 2 threads 69 scans, 766 ms: OpenMP threads stall when a core is taken); with a GPU device 1 (H200: step p50 200 -> 152 ms, "
+              "docs/performance.md)", (0, 1024)),
 )
 
 REPLAY_PARAMETERS: tuple[ParamSpec, ...] = (

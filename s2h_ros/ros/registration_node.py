@@ -33,7 +33,6 @@ the diagnostics and turn its status to ERROR for the period in which they happen
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -55,7 +54,7 @@ from visualization_msgs.msg import MarkerArray
 import torch
 
 from s2h_ros import geometry, stamps
-from s2h_ros.config import ConfigError
+from s2h_ros.config import ConfigError, torch_cpu_threads
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep
 from s2h_ros.pipeline import Registrar, RegistrationError
 from s2h_ros.pointcloud2 import PointCloud2Error
@@ -79,7 +78,7 @@ class RegistrationNode(Node):
         p = self.settings.node
         self.odom_frame, self.base_frame = _frame_parameters(p)
         self.frames = OdomFrame(pose_parameter("sensor_to_base", p["sensor_to_base"]), has_base=bool(self.base_frame))
-        torch.set_num_threads(_cpu_threads(int(p["cpu_threads"])))
+        torch.set_num_threads(torch_cpu_threads(int(p["cpu_threads"]), self.settings.registration.device))
         self.registrar, features = _start_registrar(self.settings.registration)
         self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
         self._rng = np.random.default_rng(0)
@@ -309,11 +308,6 @@ def _frame_parameters(p: dict[str, Any]) -> tuple[str, str]:
                           f"{p['odom_frame']} -> {p['odom_frame']}); name the robot base, or leave it empty "
                           "for the sensor frame")
     return p["odom_frame"], p["base_frame"]
-
-
-def _cpu_threads(requested: int) -> int:
-    """``cpu_threads``: as given, or 0 -> all cores but one, at least 1."""
-    return requested if requested > 0 else max(1, (os.cpu_count() or 1) - 1)
 
 
 def _start_registrar(cfg) -> tuple[Registrar, str]:

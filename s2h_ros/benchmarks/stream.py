@@ -1,0 +1,265 @@
+"""``s2h bench stream``: the node's odometry under a sensor-rate stream, in one process, on a device.
+
+What registration_node does with each scan (``KeyframeOdometry.step``), without DDS: scan ``i``
+becomes available at ``i / rate`` seconds after the start, and whenever the odometry is free it
+takes the newest scan available and drops the older ones (the node's one-slot buffer). Every step
+is timed with the device synchronised (``torch.cuda.synchronize`` before the clock is read), so no
+GPU work is in flight when a latency is taken. ``--rate 0`` is lock-step: every scan, in order, as
+fast as the odometry goes (latency = step time).
+
+Reported: processed rate, scans dropped, latency from a scan's arrival to its pose (p50 / p95 /
+max), the step's mean time per stage and scan (``OdometryStep.timings``: the scan's voxelisation
+and features, the registration's stages, the local map's refinement, and the rest), trusted fraction and
+events, ATE and KITTI drift of the trusted poses against ground truth (only the scans processed;
+``s2h bench replay`` holds the last pose for dropped scans instead), peak resident and GPU memory,
+and, where kiss-icp is installed, KISS-ICP on the same scans offline in the same run.
+
+Why in process as well as ``s2h bench replay`` (the same node over DDS): it isolates compute from
+transport, and runs on machines without a ROS runtime (the GPU machines this project is lent have
+none), so the GPU path is timed end to end through the odometry. The warm-up (model load, CUDA
+context, the first kernels) runs on the first two scans with a separate odometry before the clock
+starts. Scans are read into memory before the clock starts, so disk speed does not count.
+
+Scans: ``--sequence`` (KITTI layout with poses, e.g. what ``s2h simulate`` writes) or a simulated
+drive of ``--sensor`` / ``--seed`` / ``--frames`` written under ``--cache`` (needs Open3D).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sequence", type=Path, help="KITTI-layout sequence (default: simulate one)")
+    parser.add_argument("--sensor", default="hdl64", help="simulated drive's sensor preset (no --sequence)")
+    parser.add_argument("--seed", type=int, default=163, help="simulated world seed (0-999 are never trained on)")
+    parser.add_argument("--frames", type=int, default=300, help="simulated scans (no --sequence)")
+    parser.add_argument("--start", type=int, default=0, help="first frame of the sequence")
+    parser.add_argument("--count", type=int, default=-1, help="frames streamed (-1: all from --start)")
+    parser.add_argument("--rate", type=float, default=10.0, help="scans per second; 0: lock-step, every scan")
+    parser.add_argument("--device", default="cpu", help="registration device: cpu, cuda, cuda:N")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0: the node's rule, config.torch_cpu_threads: all cores but one on a CPU, 1 with a GPU)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="SECTION.NAME=VALUE",
+                        help="config override, e.g. odometry.map_keyframes=0 or registration.prior_max_points=4000")
+    parser.add_argument("--cache", type=Path, default=Path("results/bench_stream"), help="simulated drives go here")
+    parser.add_argument("--no-kiss-icp", action="store_true", help="skip KISS-ICP on the same scans")
+
+
+def _configs(args: argparse.Namespace):
+    from s2h_ros.config import OdometryConfig, RegistrationConfig, parse_overrides
+
+    changes: dict[str, dict] = {"registration": {"device": args.device}, "odometry": {}}
+    classes = {"registration": RegistrationConfig, "odometry": OdometryConfig}
+    for item in args.param:
+        section, dot, rest = item.partition(".")
+        if not dot or section not in classes:
+            raise SystemExit(f"--param {item!r}: expected registration.NAME=VALUE or odometry.NAME=VALUE")
+        changes[section].update(parse_overrides(classes[section], rest))
+    return RegistrationConfig(**changes["registration"]), OdometryConfig(**changes["odometry"])
+
+
+def _sequence(args: argparse.Namespace):
+    from s2h_ros.datasets.kitti import KittiSequence
+
+    seq_dir = args.sequence
+    if seq_dir is None:
+        from s2h_ros.datasets.synthetic import simulate_sequence
+
+        seq_dir = args.cache / f"seq_{args.sensor}_{args.seed}_{args.frames}"
+        if not (seq_dir / "poses.txt").exists():
+            simulate_sequence(n_frames=args.frames, seed=args.seed, sensor=args.sensor, out_dir=seq_dir, progress=True)
+    return KittiSequence(seq_dir)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+class _Stream:
+    """Scans offered at ``arrival[i]`` seconds; the consumer takes the newest available."""
+
+    def __init__(self, count: int, rate: float) -> None:
+        self.count, self.rate = count, rate
+        self.arrival = np.arange(count) / rate if rate > 0 else np.zeros(count)
+
+    def next_index(self, last: int, now: float) -> int | None:
+        """The scan to process after ``last`` at time ``now`` (None: none is left); waits are the
+        caller's. Lock-step takes ``last + 1``."""
+        if last + 1 >= self.count:
+            return None
+        if self.rate <= 0:
+            return last + 1
+        return max(last + 1, min(self.count - 1, int(np.floor(now * self.rate + 1e-9))))
+
+
+def _stage_means(records: list[dict]) -> dict[str, float]:
+    """Mean ms per processed scan of each stage (0 where it did not run): they sum to the mean step."""
+    names = sorted({k for r in records for k in r["stages"]})
+    return {k: float(np.mean([r["stages"].get(k, 0.0) for r in records])) for k in names}
+
+
+def _step_record(step, index: int, arrival: float, started: float, finished: float) -> dict:
+    step_ms = 1e3 * (finished - started)
+    # OdometryStep.timings sum to the step inside it; what is left (the final synchronisation) joins "rest".
+    stages = dict(step.timings)
+    stages["rest"] = stages.get("rest", 0.0) + max(0.0, step_ms - sum(stages.values()))
+    return {"index": index, "arrival_s": arrival, "latency_ms": 1e3 * (finished - arrival), "step_ms": step_ms,
+            "trusted": bool(step.success), "event": step.event, "new_keyframe": bool(step.new_keyframe),
+            "search": step.result.search if step.result is not None else None,
+            "pose": None if step.pose is None else np.asarray(step.pose).tolist(), "stages": stages}
+
+
+def _metrics(sequence, records: list[dict], first: int) -> dict:
+    """ATE and KITTI drift of the trusted poses (in the first scan's frame) against the truth."""
+    from s2h_ros.evaluation.metrics import sequence_metrics
+
+    gt_all = sequence.poses
+    trusted = [r for r in records if r["pose"] is not None]
+    if gt_all is None or len(trusted) < 2:
+        return {"note": "no ground truth" if gt_all is None else "fewer than 2 trusted poses"}
+    base = np.linalg.inv(gt_all[first])
+    gt = np.stack([base @ gt_all[r["index"]] for r in trusted])
+    est = np.stack([np.asarray(r["pose"]) for r in trusted])
+    return sequence_metrics(gt, est)
+
+
+def _kiss_icp(sequence, first: int, count: int) -> dict:
+    try:
+        from s2h_ros.evaluation.methods import make_method
+
+        kiss = make_method("kiss_icp", scale="outdoor")
+    except Exception as error:  # kiss-icp missing (e.g. on a GPU machine): said, not hidden
+        return {"unavailable": f"{type(error).__name__}: {error}"}
+    from s2h_ros.datasets.types import ScanList
+    from s2h_ros.evaluation.metrics import sequence_metrics
+
+    scans = ScanList([sequence[i] for i in range(first, first + count)], name="stream")
+    t0 = time.perf_counter()
+    est = kiss.odometry(scans)
+    seconds = time.perf_counter() - t0
+    gt = sequence.poses[first:first + count]
+    gt = np.einsum("ij,njk->nik", np.linalg.inv(gt[0]), gt)
+    return {"fps": count / seconds, "ms_per_scan": 1e3 * seconds / count, "metrics": sequence_metrics(gt, est)}
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({os.cpu_count()} cores visible, torch {torch.get_num_threads()} threads)"
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from s2h_ros.config import torch_cpu_threads
+    from s2h_ros.odometry import KeyframeOdometry
+    from s2h_ros.pipeline import Registrar
+
+    registration, odometry = _configs(args)
+    threads = torch_cpu_threads(args.threads, args.device)
+    torch.set_num_threads(threads)
+    sequence = _sequence(args)
+    first = args.start
+    count = (len(sequence) - first) if args.count < 0 else min(args.count, len(sequence) - first)
+    if count < 3:
+        raise SystemExit(f"{count} frames to stream: need 3 or more")
+    scans = [np.ascontiguousarray(sequence[i].points[:, :3], dtype=np.float32) for i in range(first, first + count)]
+    registrar = Registrar(registration)
+
+    warm = KeyframeOdometry(registration, odometry, registrar=registrar)  # model load, CUDA context, kernels
+    for i in range(2):
+        warm.step(scans[i], i * 0.1)
+    _sync(args.device)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(torch.device(args.device))
+
+    odo = KeyframeOdometry(registration, odometry, registrar=registrar)
+    stream = _Stream(count, args.rate)
+    period = 1.0 / args.rate if args.rate > 0 else 0.0
+    records: list[dict] = []
+    last, dropped = -1, 0
+    t0 = time.perf_counter()
+    while (index := stream.next_index(last, time.perf_counter() - t0)) is not None:
+        wait = stream.arrival[index] - (time.perf_counter() - t0)
+        if wait > 0:
+            time.sleep(wait)  # the next scan has not been "published" yet
+        dropped += index - last - 1
+        started = time.perf_counter() - t0
+        step = odo.step(scans[index], index * period if period else index * 0.1)
+        _sync(args.device)
+        finished = time.perf_counter() - t0
+        arrival = float(stream.arrival[index]) if args.rate > 0 else started
+        records.append(_step_record(step, first + index, arrival, started, finished))
+        last = index
+    duration = time.perf_counter() - t0
+
+    latencies = [r["latency_ms"] for r in records]
+    steps = [r["step_ms"] for r in records]
+    trusted = sum(r["trusted"] for r in records)
+    events: dict[str, int] = {}
+    for r in records:
+        if r["event"]:
+            events[r["event"]] = events.get(r["event"], 0) + 1
+    out = {
+        "sequence": str(sequence.folder), "frames": count, "first": first,
+        "points_per_scan_mean": float(np.mean([len(s) for s in scans])),
+        "device": args.device, "device_name": _device_name(args.device), "torch": torch.__version__,
+        "torch_threads": threads, "rate_hz": args.rate, "duration_s": duration,
+        "processed": len(records), "dropped": dropped, "processed_rate_hz": len(records) / duration,
+        "latency_ms": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95), "max": max(latencies)},
+        "step_ms": {"p50": _percentile(steps, 50), "p95": _percentile(steps, 95), "max": max(steps)},
+        "stage_ms_mean": _stage_means(records),
+        "trusted": trusted, "events": events,
+        "searches": dict(Counter(r["search"] for r in records if r["search"])),
+        "metrics_trusted": _metrics(sequence, records, first),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_gpu_mb": (torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
+                        if args.device.startswith("cuda") else None),
+        "config_overrides": args.param,
+        "steps": [{k: v for k, v in r.items() if k != "pose"} for r in records],
+    }
+    if not args.no_kiss_icp:
+        out["kiss_icp"] = _kiss_icp(sequence, first, count)
+    print(summary(out))
+    return out
+
+
+def summary(out: dict) -> str:
+    """A few readable lines of one run."""
+    m = out["metrics_trusted"]
+    lines = [
+        f"stream: {out['frames']} scans ({out['points_per_scan_mean']:.0f} points each) at "
+        f"{out['rate_hz']:g} Hz on {out['device_name']}",
+        f"  processed {out['processed']} ({out['processed_rate_hz']:.2f} scans/s), dropped {out['dropped']}, "
+        f"trusted {out['trusted']}, events {out['events'] or 'none'}",
+        f"  latency p50 {out['latency_ms']['p50']:.0f} ms, p95 {out['latency_ms']['p95']:.0f} ms; "
+        f"step p50 {out['step_ms']['p50']:.0f} ms, p95 {out['step_ms']['p95']:.0f} ms",
+        "  mean ms per scan: " + ", ".join(f"{k} {v:.1f}" for k, v in out["stage_ms_mean"].items() if v >= 0.05),
+    ]
+    if "ate_rmse_m" in m:
+        lines.append(f"  trusted poses: ATE {100 * m['ate_rmse_m']:.1f} cm, KITTI drift "
+                     f"{m['t_err_pct']:.2f} % over {m['length_m']:.0f} m")
+    kiss = out.get("kiss_icp")
+    if kiss and "metrics" in kiss:
+        km = kiss["metrics"]
+        lines.append(f"  KISS-ICP (offline, every scan): {kiss['fps']:.1f} scans/s, ATE {100 * km['ate_rmse_m']:.1f} cm, "
+                     f"drift {km['t_err_pct']:.2f} %")
+    elif kiss:
+        lines.append(f"  KISS-ICP: {kiss['unavailable']}")
+    return "\n".join(lines)

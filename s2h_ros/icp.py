@@ -1,0 +1,147 @@
+"""Robust point-to-plane ICP on a torch device: the refinement where ``device`` is a GPU.
+
+The pipeline's refinement (``pipeline.refine_icp``) is Open3D's point-to-plane ICP with a Tukey
+kernel, on the CPU. On a GPU machine that CPU work is as large as the whole device path (measured
+on an H200 with a held-out 64-beam drive: registration ICP and the local map's ICP together about
+60 ms of a 200 ms step, docs/performance.md), so the same algorithm runs here on the registrar's
+device. No maintained library does it on a torch device: Open3D's tensor ICP needs its CUDA build
+(not on PyPI for every platform, and a second CUDA runtime beside torch's), small_gicp and
+KISS-ICP are CPU-only, pytorch3d's ICP is point-to-point without a robust kernel.
+
+The iteration is Open3D's (``registration_icp`` with ``TransformationEstimationPointToPlane``):
+
+* correspondences: each moved source point's nearest target point within ``max_distance``
+  (exact, through a hash grid of cell ``max_distance``: the 27 cells around the point);
+* one Gauss-Newton step of ``sum_i w_i ((R s_i + t - q_i) . n_i)^2`` linearised at the moved
+  points, ``J_i = [s_i x n_i, n_i]``, Tukey weights ``w_i = (1 - (r_i / k)^2)^2`` for
+  ``|r_i| < k`` (else 0), the update ``Rz(c) Ry(b) Rx(a)`` and ``t`` applied on the left;
+* stop when fitness and inlier RMSE change by less than ``tolerance`` (absolute, as Open3D's
+  ``ICPConvergenceCriteria`` compares them) or after ``iterations``.
+
+Coordinates are shifted by the initial sensor position before they become float32, so a map
+kilometres from the origin keeps sub-millimetre resolution; the 6x6 system is accumulated and
+solved in float64. Tests compare it with Open3D on the real KITTI pair (test_icp.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from s2h_ros.geometry import apply_transform
+
+# Hash of integer cell coordinates: 21 bits per axis (cells of 0.6 m: +-600 km around the shift).
+_BITS = 21
+_OFFSET = 1 << (_BITS - 1)
+_NEIGHBOUR_CELLS = torch.tensor([[i, j, k] for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)])
+QUERY_CHUNK = 16384  # source points per neighbour query (bounds memory: chunk x 27 x cell capacity)
+
+
+def _cell_keys(cells: torch.Tensor) -> torch.Tensor:
+    """``(..., 3)`` int64 cell coordinates -> ``(...)`` int64 keys (one per cell)."""
+    c = cells + _OFFSET
+    return (c[..., 0] << (2 * _BITS)) | (c[..., 1] << _BITS) | c[..., 2]
+
+
+class HashGrid:
+    """Exact nearest neighbour within ``cell`` of ``(M, 3)`` points, on their device."""
+
+    def __init__(self, points: torch.Tensor, cell: float) -> None:
+        self.points, self.cell = points, float(cell)
+        keys = _cell_keys(torch.floor(points / self.cell).long())
+        keys, self.order = torch.sort(keys)
+        self.keys, counts = torch.unique_consecutive(keys, return_counts=True)
+        self.starts = torch.cumsum(counts, 0) - counts
+        self.counts = counts
+        self.capacity = int(counts.max()) if len(counts) else 0
+
+    def nearest(self, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` squared distance to the nearest point within ``cell`` (inf where none) and its
+        ``(N,)`` index (-1 where none)."""
+        d2 = torch.full((len(query),), float("inf"), device=query.device, dtype=query.dtype)
+        idx = torch.full((len(query),), -1, device=query.device, dtype=torch.long)
+        if self.capacity == 0 or len(query) == 0:
+            return d2, idx
+        slots = torch.arange(self.capacity, device=query.device)
+        offsets = _NEIGHBOUR_CELLS.to(query.device)
+        for lo in range(0, len(query), QUERY_CHUNK):
+            q = query[lo:lo + QUERY_CHUNK]
+            keys = _cell_keys(torch.floor(q / self.cell).long()[:, None, :] + offsets)  # (n, 27)
+            pos = torch.searchsorted(self.keys, keys).clamp_max(len(self.keys) - 1)
+            found = self.keys[pos] == keys
+            count = torch.where(found, self.counts[pos], 0)
+            rows = self.starts[pos][..., None] + slots  # (n, 27, capacity) into the sorted order
+            valid = slots < count[..., None]
+            cand = self.order[torch.where(valid, rows, 0)]
+            dist = ((self.points[cand] - q[:, None, None, :]) ** 2).sum(-1)
+            dist = torch.where(valid, dist, float("inf")).flatten(1)
+            best, arg = dist.min(1)
+            within = best <= self.cell ** 2
+            d2[lo:lo + len(q)] = torch.where(within, best, float("inf"))
+            idx[lo:lo + len(q)] = torch.where(within, cand.flatten(1).gather(1, arg[:, None])[:, 0], -1)
+        return d2, idx
+
+
+def _euler_update(x: np.ndarray) -> np.ndarray:
+    """``(4, 4)`` of the step ``x = [a, b, c, tx, ty, tz]``: ``Rz(c) Ry(b) Rx(a)`` and ``t``."""
+    from scipy.spatial.transform import Rotation
+
+    T = np.eye(4)
+    T[:3, :3] = Rotation.from_euler("xyz", x[:3]).as_matrix()  # extrinsic x, y, z = Rz Ry Rx
+    T[:3, 3] = x[3:]
+    return T
+
+
+def point_to_plane_icp(source: np.ndarray, target: np.ndarray, target_normals: np.ndarray, init: np.ndarray,
+                       max_distance: float, kernel: float, tolerance: float, iterations: int,
+                       device: str | torch.device = "cpu", grid: HashGrid | None = None) -> np.ndarray:
+    """``(4, 4)`` float64 transform refining ``init`` (maps ``(N, 3)`` ``source`` into ``target``'s
+    frame) by robust point-to-plane ICP against ``(M, 3)`` ``target`` with unit normals.
+
+    ``kernel``: the Tukey parameter k (metres); ``grid``: a :class:`HashGrid` of ``target`` (shifted
+    by ``init``'s translation, cell ``max_distance``) when the caller keeps one."""
+    init = np.asarray(init, dtype=np.float64)
+    device = torch.device(device)
+    shift = init[:3, 3].copy()
+    src = torch.as_tensor(apply_transform(init, np.asarray(source, dtype=np.float64)) - shift, dtype=torch.float32, device=device)
+    if grid is None:
+        grid = HashGrid(torch.as_tensor(np.asarray(target, np.float64) - shift, dtype=torch.float32, device=device),
+                        max_distance)
+    normals = torch.as_tensor(np.asarray(target_normals), dtype=torch.float32, device=device)
+    update = np.eye(4)  # accumulated, in the shifted frame
+    moved = src
+
+    def linearised(points: torch.Tensor) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """JTJ (6, 6), JTr (6,), fitness and inlier RMSE at ``points``: one transfer, one sync."""
+        d2, idx = grid.nearest(points)
+        ok = idx >= 0
+        safe = idx.clamp_min(0)
+        q, nq = grid.points[safe], normals[safe]
+        r = ((points - q) * nq).sum(1)
+        w = torch.where(ok & (r.abs() < kernel), (1 - (r / kernel) ** 2) ** 2, torch.zeros_like(r)).double()
+        J = torch.cat([torch.linalg.cross(points, nq), nq], 1).double()
+        Jw = J * w[:, None]
+        packed = torch.cat([(Jw.T @ J).flatten(), Jw.T @ r.double(), ok.sum().double()[None],
+                            torch.where(ok, d2, 0.0).sum().double()[None]]).cpu().numpy()
+        n = packed[42]
+        return packed[:36].reshape(6, 6), packed[36:42], n / max(1, len(points)), float(np.sqrt(packed[43] / n)) if n else 0.0
+
+    JTJ, JTr, fitness, rmse = linearised(moved)
+    for _ in range(iterations):
+        if fitness == 0.0:
+            break
+        try:
+            x = np.linalg.solve(JTJ, -JTr)
+        except np.linalg.LinAlgError:
+            break
+        step = _euler_update(x)
+        update = step @ update
+        step_t = torch.as_tensor(step, dtype=torch.float32, device=device)
+        moved = moved @ step_t[:3, :3].T + step_t[:3, 3]
+        previous = (fitness, rmse)
+        JTJ, JTr, fitness, rmse = linearised(moved)
+        if abs(previous[0] - fitness) < tolerance and abs(previous[1] - rmse) < tolerance:
+            break
+    to_shifted, back = np.eye(4), np.eye(4)
+    to_shifted[:3, 3], back[:3, 3] = -shift, shift
+    return back @ update @ to_shifted @ init
+
