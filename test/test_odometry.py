@@ -318,3 +318,34 @@ def test_the_local_map_refinement_keeps_the_drive_closer_to_the_truth(vlp16_town
     # Measured: RMS 1.6 vs 2.8 cm, worst 3.3 vs 5.3 cm (the error without the map grows with distance).
     assert errors[5].max() < 0.045, errors
     assert np.sqrt((errors[5] ** 2).mean()) < 0.75 * np.sqrt((errors[0] ** 2).mean()), errors
+
+
+def test_every_step_times_its_stages_and_the_result_message_carries_them(vlp16_drive):
+    """OdometryStep.timings: the scan's preparation, the registration's stages and the rest, adding
+    up to the step; registration_node publishes exactly those (s2h_ros/RegistrationResult)."""
+    import time
+
+    pytest.importorskip("rclpy")
+    from rclpy.serialization import deserialize_message, serialize_message
+    from std_msgs.msg import Header
+
+    from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
+    from s2h_ros.ros.messages import result_message
+
+    odo = KeyframeOdometry(RegistrationConfig(), OdometryConfig())
+    steps, walls = [], []
+    for i in range(4):
+        t0 = time.perf_counter()
+        steps.append(odo.step(vlp16_drive[i].points, float(vlp16_drive[i].stamp)))
+        walls.append(1e3 * (time.perf_counter() - t0))
+    assert all(s.success for s in steps) and steps[0].event == "initialised"
+    for step, wall in zip(steps, walls):
+        assert step.timings["features"] > 0 and step.timings["voxelize"] > 0 and step.timings["rest"] >= 0
+        assert sum(step.timings.values()) == pytest.approx(wall, rel=0.02, abs=1.0)
+    tracked = steps[-1]
+    assert {"support", "match", "refine", "verify", "map_refine"} <= set(tracked.timings)
+    msg = deserialize_message(serialize_message(result_message(tracked, Header(frame_id="velodyne"), 3)),
+                              RegistrationResultMsg)
+    assert list(msg.stage_names) == list(tracked.timings)
+    assert list(msg.stage_times_ms) == pytest.approx(list(tracked.timings.values()), rel=1e-6)
+    assert msg.total_time_ms == pytest.approx(sum(tracked.timings.values()), rel=1e-6)

@@ -95,9 +95,13 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
         if r.repetition is not None:
             msg.repetition = float(r.repetition.ratio)
             msg.repetition_shift = [float(v) for v in r.repetition.shift]
-        msg.stage_names = [k for k in r.timings if k != "total"]
-        msg.stage_times_ms = [float(r.timings[k]) for k in msg.stage_names]
-        msg.total_time_ms = float(r.timings.get("total", 0.0))
+    # The whole step's stages (OdometryStep.timings: preparation, registration, map refinement,
+    # rest); a step without them (built by hand) reports its registration's.
+    timings = dict(getattr(step, "timings", None) or (r.timings if r is not None else {}))
+    total = timings.pop("total", None)
+    msg.stage_names = list(timings)
+    msg.stage_times_ms = [float(timings[k]) for k in msg.stage_names]
+    msg.total_time_ms = float(sum(timings.values()) if total is None else total)
     if total_ms is not None:
         msg.total_time_ms = float(total_ms)
     return msg

@@ -263,7 +263,7 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
                                 "p95": 1e3 * float(np.percentile(latencies, 95))}
     times = [r["total_time_ms"] for r in answered]
     if times:
-        report["registration_ms"] = {"p50": float(np.percentile(times, 50)), "p95": float(np.percentile(times, 95))}
+        report["step_ms"] = {"p50": float(np.percentile(times, 50)), "p95": float(np.percentile(times, 95))}
     gt = None
     if sequence.poses is not None and len(stamps):
         gt = sequence.poses[indices]
