@@ -40,3 +40,18 @@ def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path):
     tracked = [s for s in result["steps"] if s["search"] == "prior"]
     assert tracked and all(s["stages"]["support"] > 0 and s["stages"]["refine"] > 0 for s in tracked)
     assert np.isclose(sum(result["stage_ms_mean"].values()), np.mean([s["step_ms"] for s in result["steps"]]))
+
+
+def test_a_depth_camera_stream_runs_with_the_nodes_depth_camera_settings_and_overrides_on_top():
+    import argparse
+
+    from s2h_ros.benchmarks.stream import _configs
+
+    args = argparse.Namespace(sensor="depth_camera", params_file=[], device="cpu",
+                              param=["registration.prior_radius=0.2", "odometry.map_keyframes=0"])
+    files, registration, odometry = _configs(args)
+    assert [f.rsplit("/", 1)[-1] for f in files] == ["depth_camera.yaml"]
+    assert registration.voxel_size == 0.05 and registration.prior_radius == 0.2
+    assert odometry.keyframe_distance == 1.0 and odometry.map_keyframes == 0
+    lidar = _configs(argparse.Namespace(sensor="vlp32", params_file=[], device="cpu", param=[]))
+    assert lidar[0] == [] and lidar[1].voxel_size == 0.3

@@ -37,7 +37,9 @@ import numpy as np
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequence", type=Path, help="KITTI-layout sequence (default: simulate one)")
-    parser.add_argument("--sensor", default="hdl64", help="simulated drive's sensor preset (no --sequence)")
+    parser.add_argument("--sensor", default="hdl64",
+                        help="sensor preset of the simulated drive, and whose node settings are used (depth_camera: "
+                             "config/depth_camera.yaml)")
     parser.add_argument("--seed", type=int, default=163, help="simulated world seed (0-999 are never trained on)")
     parser.add_argument("--frames", type=int, default=300, help="simulated scans (no --sequence)")
     parser.add_argument("--start", type=int, default=0, help="first frame of the sequence")
@@ -46,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="registration device: cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: the node's rule, config.torch_cpu_threads: all cores but one on a CPU, 1 with a GPU)")
+    parser.add_argument("--params-file", action="append", default=[],
+                        help="registration_node parameter file(s) whose registration.* / odometry.* settings are used "
+                             "(default: config/depth_camera.yaml for a depth camera --sensor, the defaults otherwise)")
     parser.add_argument("-p", "--param", action="append", default=[], metavar="SECTION.NAME=VALUE",
                         help="config override, e.g. odometry.map_keyframes=0 or registration.prior_max_points=4000")
     parser.add_argument("--cache", type=Path, default=Path("results/bench_stream"), help="simulated drives go here")
@@ -53,8 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _configs(args: argparse.Namespace):
+    """The node's settings for ``--sensor`` (s2h bench trust's rule: config/depth_camera.yaml for a
+    depth camera) or ``--params-file``, then ``--device`` and the ``-p`` overrides."""
+    from s2h_ros.benchmarks.trust import drive_settings
     from s2h_ros.config import OdometryConfig, RegistrationConfig, parse_overrides
 
+    files, registration, odometry = drive_settings(args.sensor, args.params_file)
     changes: dict[str, dict] = {"registration": {"device": args.device}, "odometry": {}}
     classes = {"registration": RegistrationConfig, "odometry": OdometryConfig}
     for item in args.param:
@@ -62,7 +71,7 @@ def _configs(args: argparse.Namespace):
         if not dot or section not in classes:
             raise SystemExit(f"--param {item!r}: expected registration.NAME=VALUE or odometry.NAME=VALUE")
         changes[section].update(parse_overrides(classes[section], rest))
-    return RegistrationConfig(**changes["registration"]), OdometryConfig(**changes["odometry"])
+    return files, registration.replace(**changes["registration"]), odometry.replace(**changes["odometry"])
 
 
 def _sequence(args: argparse.Namespace):
@@ -70,11 +79,14 @@ def _sequence(args: argparse.Namespace):
 
     seq_dir = args.sequence
     if seq_dir is None:
+        from s2h_ros.benchmarks.trust import INDOOR_SENSORS
         from s2h_ros.datasets.synthetic import simulate_sequence
 
         seq_dir = args.cache / f"seq_{args.sensor}_{args.seed}_{args.frames}"
-        if not (seq_dir / "poses.txt").exists():
-            simulate_sequence(n_frames=args.frames, seed=args.seed, sensor=args.sensor, out_dir=seq_dir, progress=True)
+        if not (seq_dir / "poses.txt").exists():  # as s2h bench trust drives: rooms at 1 m/s for a depth camera
+            indoor = args.sensor in INDOOR_SENSORS
+            simulate_sequence(n_frames=args.frames, seed=args.seed, sensor=args.sensor, out_dir=seq_dir, progress=True,
+                              kind="indoor" if indoor else "outdoor", speed=1.0 if indoor else None)
     return KittiSequence(seq_dir)
 
 
@@ -171,7 +183,7 @@ def run(args: argparse.Namespace) -> dict:
     from s2h_ros.odometry import KeyframeOdometry
     from s2h_ros.pipeline import Registrar
 
-    registration, odometry = _configs(args)
+    params_files, registration, odometry = _configs(args)
     threads = torch_cpu_threads(args.threads, args.device)
     torch.set_num_threads(threads)
     sequence = _sequence(args)
@@ -231,7 +243,7 @@ def run(args: argparse.Namespace) -> dict:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_gpu_mb": (torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
                         if args.device.startswith("cuda") else None),
-        "config_overrides": args.param,
+        "params_files": [Path(f).name for f in params_files], "config_overrides": args.param,
         "steps": [{k: v for k, v in r.items() if k != "pose"} for r in records],
     }
     if not args.no_kiss_icp:
