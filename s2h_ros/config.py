@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -150,8 +151,6 @@ def torch_cpu_threads(requested: int, device: str) -> int:
     cores from them and from the kernel launches (H200, held-out 64-beam drive, lock-step, same
     machine: step p50 200 ms with 15 threads, 152 ms with 1; FCGF's preparation 71 -> 28 ms;
     docs/performance.md)."""
-    import os
-
     if requested > 0:
         return requested
     return 1 if device != "cpu" else max(1, (os.cpu_count() or 1) - 1)

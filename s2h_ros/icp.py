@@ -93,19 +93,17 @@ def _euler_update(x: np.ndarray) -> np.ndarray:
 
 def point_to_plane_icp(source: np.ndarray, target: np.ndarray, target_normals: np.ndarray, init: np.ndarray,
                        max_distance: float, kernel: float, tolerance: float, iterations: int,
-                       device: str | torch.device = "cpu", grid: HashGrid | None = None) -> np.ndarray:
+                       device: str | torch.device = "cpu") -> np.ndarray:
     """``(4, 4)`` float64 transform refining ``init`` (maps ``(N, 3)`` ``source`` into ``target``'s
     frame) by robust point-to-plane ICP against ``(M, 3)`` ``target`` with unit normals.
 
-    ``kernel``: the Tukey parameter k (metres); ``grid``: a :class:`HashGrid` of ``target`` (shifted
-    by ``init``'s translation, cell ``max_distance``) when the caller keeps one."""
+    ``kernel``: the Tukey parameter k (metres)."""
     init = np.asarray(init, dtype=np.float64)
     device = torch.device(device)
     shift = init[:3, 3].copy()
     src = torch.as_tensor(apply_transform(init, np.asarray(source, dtype=np.float64)) - shift, dtype=torch.float32, device=device)
-    if grid is None:
-        grid = HashGrid(torch.as_tensor(np.asarray(target, np.float64) - shift, dtype=torch.float32, device=device),
-                        max_distance)
+    grid = HashGrid(torch.as_tensor(np.asarray(target, np.float64) - shift, dtype=torch.float32, device=device),
+                    max_distance)
     normals = torch.as_tensor(np.asarray(target_normals), dtype=torch.float32, device=device)
     update = np.eye(4)  # accumulated, in the shifted frame
     moved = src

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from s2h_ros import paths
+from s2h_ros.benchmarks.common import synchronize
 from s2h_ros.models.fcgf import build_fcgf
 from s2h_ros.sparse import SparseTensor, minkowski
 
@@ -86,11 +87,6 @@ def kitti_scan() -> np.ndarray:
     return np.fromfile(paths.KITTI_LOOP_PAIR[0], dtype=np.float32).reshape(-1, 6)[:, :3]
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _medians_ms(fns: dict, device: str, repeats: int) -> dict[str, float]:
     """Median time of each function, run interleaved (one of each per round) so that a change of
     machine load hits all of them alike and their ratios stay fair."""
@@ -99,10 +95,10 @@ def _medians_ms(fns: dict, device: str, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             fn()
-            _sync(device)
+            synchronize(device)
             times[name].append((time.perf_counter() - t0) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}
 

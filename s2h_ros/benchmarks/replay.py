@@ -94,14 +94,7 @@ def run(args: argparse.Namespace) -> dict:
                    "samples": [(round(t, 1), round(m, 1)) for t, m in rss[:: max(1, len(rss) // 30)]]},
     }
     if not args.no_kiss_icp:
-        from s2h_ros.evaluation.metrics import sequence_metrics
-        from s2h_ros.evaluation.methods import make_method
+        from s2h_ros.benchmarks.common import kiss_icp_baseline
 
-        kiss = make_method("kiss_icp", scale="outdoor")
-        t0 = time.monotonic()
-        est = kiss.odometry(sequence)
-        kiss_s = time.monotonic() - t0
-        gt = sequence.poses
-        gt = np.einsum("ij,njk->nik", np.linalg.inv(gt[0]), gt)
-        out["kiss_icp"] = {"fps": len(sequence) / kiss_s, "metrics": sequence_metrics(gt, est)}
+        out["kiss_icp"] = kiss_icp_baseline(sequence)
     return out

@@ -27,6 +27,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from s2h_ros.benchmarks.common import synchronize
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scans", nargs="*", default=[], help="scan files in drive order (default: simulated)")
@@ -40,20 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voxel", type=float, default=0.3)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median wall time of ``fn`` in ms over ``repeats`` runs after one warm-up run."""
     fn()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
 

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from s2h_ros.benchmarks.common import kiss_icp_baseline, synchronize
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequence", type=Path, help="KITTI-layout sequence (default: simulate one)")
@@ -94,13 +96,6 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
 class _Stream:
     """Scans offered at ``arrival[i]`` seconds; the consumer takes the newest available."""
 
@@ -149,25 +144,6 @@ def _metrics(sequence, records: list[dict], first: int) -> dict:
     return sequence_metrics(gt, est)
 
 
-def _kiss_icp(sequence, first: int, count: int) -> dict:
-    try:
-        from s2h_ros.evaluation.methods import make_method
-
-        kiss = make_method("kiss_icp", scale="outdoor")
-    except Exception as error:  # kiss-icp missing (e.g. on a GPU machine): said, not hidden
-        return {"unavailable": f"{type(error).__name__}: {error}"}
-    from s2h_ros.datasets.types import ScanList
-    from s2h_ros.evaluation.metrics import sequence_metrics
-
-    scans = ScanList([sequence[i] for i in range(first, first + count)], name="stream")
-    t0 = time.perf_counter()
-    est = kiss.odometry(scans)
-    seconds = time.perf_counter() - t0
-    gt = sequence.poses[first:first + count]
-    gt = np.einsum("ij,njk->nik", np.linalg.inv(gt[0]), gt)
-    return {"fps": count / seconds, "ms_per_scan": 1e3 * seconds / count, "metrics": sequence_metrics(gt, est)}
-
-
 def _device_name(device: str) -> str:
     import torch
 
@@ -197,7 +173,7 @@ def run(args: argparse.Namespace) -> dict:
     warm = KeyframeOdometry(registration, odometry, registrar=registrar)  # model load, CUDA context, kernels
     for i in range(2):
         warm.step(scans[i], i * 0.1)
-    _sync(args.device)
+    synchronize(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
 
@@ -214,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
         dropped += index - last - 1
         started = time.perf_counter() - t0
         step = odo.step(scans[index], index * period if period else index * 0.1)
-        _sync(args.device)
+        synchronize(args.device)
         finished = time.perf_counter() - t0
         arrival = float(stream.arrival[index]) if args.rate > 0 else started
         records.append(_step_record(step, first + index, arrival, started, finished))
@@ -224,10 +200,7 @@ def run(args: argparse.Namespace) -> dict:
     latencies = [r["latency_ms"] for r in records]
     steps = [r["step_ms"] for r in records]
     trusted = sum(r["trusted"] for r in records)
-    events: dict[str, int] = {}
-    for r in records:
-        if r["event"]:
-            events[r["event"]] = events.get(r["event"], 0) + 1
+    events = dict(Counter(r["event"] for r in records if r["event"]))
     out = {
         "sequence": str(sequence.folder), "frames": count, "first": first,
         "points_per_scan_mean": float(np.mean([len(s) for s in scans])),
@@ -247,7 +220,7 @@ def run(args: argparse.Namespace) -> dict:
         "steps": [{k: v for k, v in r.items() if k != "pose"} for r in records],
     }
     if not args.no_kiss_icp:
-        out["kiss_icp"] = _kiss_icp(sequence, first, count)
+        out["kiss_icp"] = kiss_icp_baseline(sequence, first, count)
     print(summary(out))
     return out
 

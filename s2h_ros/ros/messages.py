@@ -97,7 +97,7 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
             msg.repetition_shift = [float(v) for v in r.repetition.shift]
     # The whole step's stages (OdometryStep.timings: preparation, registration, map refinement,
     # rest); a step without them (built by hand) reports its registration's.
-    timings = dict(getattr(step, "timings", None) or (r.timings if r is not None else {}))
+    timings = dict(step.timings or (r.timings if r is not None else {}))
     total = timings.pop("total", None)
     msg.stage_names = list(timings)
     msg.stage_times_ms = [float(timings[k]) for k in msg.stage_names]
