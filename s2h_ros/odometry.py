@@ -19,7 +19,10 @@ Each scan goes through these stages:
    (the median of the last stamp differences), so a node that falls behind a 10 Hz sensor and
    takes a scan every 1-3 s keeps tracking instead of losing its prior at every scan.
 3. **Global search** otherwise, or when tracking fails or corrects the prediction a lot (the end
-   of a turn: the prior keeps turning): S2H on each voxel's feature k-NN in the current keyframe,
+   of a turn: the prior keeps turning): S2H on each voxel's feature k-NN in the current keyframe
+   (its first try alone, ``search="quick"``, when the caller says a newer scan is already waiting:
+   ``step(..., behind=)``; a full search costs 6-8 s on a 2-core CPU, and a node that spends them
+   sees its next scan 40-60 m on, where nothing overlaps any more),
    checked against the prior's hypothesis (tracking's result, or ICP from the prediction). If
    they agree the global result stands; if they disagree, the one explaining clearly more of the
    scan (fraction of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a
@@ -32,12 +35,24 @@ Each scan goes through these stages:
    3900 matches) is not found twice; a right one is found by any seed.
 5. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
    is registered globally against at most ``relocalisation_tries`` of the kept keyframes
-   (``relocalisation_keyframes``), nearest the predicted position first, each with the prediction
-   as its prior (event ``relocalised``), each result reproduced as above. A relocalised scan
+   (``relocalisation_keyframes``), nearest the predicted position first, each by the global
+   search's first try alone (``search="quick"``: the heading nearest the prediction's, a subset of
+   the voxels; about 1 s on a 2-core CPU where a full search costs 6-8 s) with the prediction as
+   its prior (event ``relocalised``), each result reproduced as above. A relocalised scan
    gives the prior a velocity again (the mean over the gap, without its turn). If none verifies, a new
    **segment** starts: the scan becomes a keyframe at the last trusted pose moved by at most a
    gap of the last motion (event ``new_segment``, not trusted), so the odometry frame stays
    continuous and says that the motion in between is unknown.
+   **Re-seeding**: until a scan of the new segment is trusted, each scan is registered against
+   the segment's first scan (its seed) by the global search's first try alone
+   (``Registrar.register(search="quick")``: one heading, a subset of the voxels, the safeguard,
+   reproduced; trusted only when decisive), and a scan that fails becomes the seed at once (event
+   ``new_segment`` again); the first trusted scan gives the prior the mean velocity since the seed,
+   as a relocalisation does, and its prediction counts as stale. A lost
+   scan then costs about one second on a 2-core CPU instead of 7-17 s (every heading, every kept
+   keyframe), so the next scan is still near the seed: a node that spent 7 s on every failing scan
+   saw each next scan 50 m on and never found the track again (held-out HDL-64 drive over DDS at
+   10 Hz, docs/performance.md).
 6. **Fine refinement**: a trusted pose is refined against a local map, the last ``map_keyframes``
    keyframe scans at ``map_voxel`` (``s2h_ros.local_map``: robust point-to-plane ICP), and the
    refined pose is used when it stays within the agreement tolerance of the trusted one
@@ -54,6 +69,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,6 +163,10 @@ class KeyframeOdometry:
         self.intervals: deque[float] = deque(maxlen=RECENT_INTERVALS)
         self.received_stamp: float | None = None
         self._lost_since: float | None = None  # when this step found tracking lost (its timings)
+        self._behind: Callable[[], bool] | None = None  # this step's ``behind``
+        # Speed (m/s) and turn rate (rad/s) of the last trusted motion, kept across segments: how far
+        # the sensor may have gone while the odometry was lost (a new segment's covariance).
+        self.last_motion = (0.0, 0.0)
         self._start(None)
 
     def _start(self, stamp: float | None) -> None:
@@ -162,6 +182,7 @@ class KeyframeOdometry:
         self.twist_known = False
         self.twist_relocalised = False  # the twist is a relocalisation's mean over a gap
         self.failures = 0
+        self.reseeding = False  # a segment started by a loss, nothing trusted in it yet
         if self.local_map is not None:
             self.local_map.clear()
 
@@ -174,8 +195,13 @@ class KeyframeOdometry:
         return self.keyframes[-1].pose if self.keyframes else np.eye(4)
 
     # ------------------------------------------------------------------ one scan
-    def step(self, points: np.ndarray, stamp: float) -> OdometryStep:
+    def step(self, points: np.ndarray, stamp: float, behind: Callable[[], bool] | None = None) -> OdometryStep:
+        """One scan: ``points (N, 3+)``, ``stamp`` in seconds. ``behind``: says, when asked, whether
+        a newer scan is already waiting for this odometry (the node's one-slot buffer is full);
+        while it is, a global search is its quick first try alone (module text, stage 3). Without
+        it (lock-step callers), every search is a full one."""
         t0 = time.perf_counter()
+        self._behind = behind
         prepare_ms: dict[str, float] = {}
         self._lost_since = None
         out = self._step(points, stamp, prepare_ms)
@@ -220,13 +246,19 @@ class KeyframeOdometry:
         current = self.keyframes[-1]
         prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
         started = time.perf_counter()
-        result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp))
+        result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp),
+                                quick=self.reseeding)
         if result.success:
-            if gap:  # found again without a usable prior
+            if gap and not self.reseeding:  # found again without a usable prior
                 result.message = f"relocalised against keyframe {current.id} after {stamp - self.last_stamp:.1f} s without data"
-            return self._tracked(index, stamp, prepared, scan, current, result, event="relocalised" if gap else "")
+            return self._tracked(index, stamp, prepared, scan, current, result,
+                                 event="relocalised" if gap and not self.reseeding else "")
 
         self.failures += 1
+        if self.reseeding:  # the seed is out of reach (or this scan is bad): this scan seeds the segment instead
+            self._lost_since = started
+            return self._new_segment(index, stamp, prepared, scan, result,
+                                     f"segment {self.segment}: not found against its first scan ({result.message})")
         if self.failures < self.cfg.max_failures and not gap:
             return self._failed(index, stamp, result.message, result)
         self._lost_since = started
@@ -234,11 +266,12 @@ class KeyframeOdometry:
 
     # ------------------------------------------------------------------ stages
     def _register(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray,
-                  prior_trusted: bool, stale: bool) -> RegistrationResult:
+                  prior_trusted: bool, stale: bool, quick: bool = False) -> RegistrationResult:
         """The scan against ``keyframe`` (see the module text): tracking while the prior is trusted,
         accepted as it is when it confirms the prediction (``stale``: and passes the repetition
-        test); otherwise the global search, checked against the prior's hypothesis (tracking's
-        result, or ICP from the prediction)."""
+        test); otherwise the global search (its first try alone when ``quick``, re-seeding, or while
+        the caller is falling behind), checked against the prior's hypothesis (tracking's result,
+        or ICP from the prediction)."""
         t0 = time.perf_counter()
         reg, use_prior = self.registrar, self.cfg.use_motion_prior
         competitor = icp = checked = None
@@ -256,7 +289,8 @@ class KeyframeOdometry:
             if not checked.success:  # a copy metres away explains the scan as well: the prediction was off
                 competitor, checked, prior_trusted = checked, None, False
         if checked is None:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
-            global_ = reg.register(prepared, keyframe.cloud, init=prior)
+            quick = quick or self._falling_behind()  # asked now: tracking has taken its time
+            global_ = reg.register(prepared, keyframe.cloud, init=prior, search="quick" if quick else "global")
             confirmed = global_.success and self._agree(global_.transform, prior)
             if use_prior and not confirmed:
                 if competitor is None or not competitor.success:
@@ -273,6 +307,9 @@ class KeyframeOdometry:
             if checked is global_ and not confirmed:  # the global search alone says so: once more
                 checked = self._reproduced(prepared, keyframe.cloud, global_)
         checked.timings["total"] = 1e3 * (time.perf_counter() - t0)  # every attempt, wall clock
+        # Attempts whose result was not kept (e.g. tracking, before the global search replaced it).
+        kept = sum(v for k, v in checked.timings.items() if k not in ("total", "discarded"))
+        checked.timings["discarded"] = max(0.0, checked.timings["total"] - kept)
         return checked
 
     def _beats_its_copy(self, result: RegistrationResult, prepared: PreparedCloud,
@@ -376,6 +413,10 @@ class KeyframeOdometry:
                           f"{again.num_inliers} vs {result.num_inliers} inliers); the global search is not trusted")
         return result
 
+    def _falling_behind(self) -> bool:
+        """A newer scan is waiting for this odometry (``step(..., behind=)``)."""
+        return self._behind is not None and bool(self._behind())
+
     def max_gap(self) -> float:
         """Seconds since the last trusted scan beyond which the motion prior is not trusted:
         ``max_gap``, or ``gap_periods`` typical scan intervals when scans come slower than that
@@ -427,8 +468,11 @@ class KeyframeOdometry:
         dt = stamp - self.last_stamp
         if dt > 0:
             delta = geometry.invert_transform(self.last_pose) @ pose
-            self.twist_relocalised = bool(event)
-            if event:  # relocalised after a gap or a loss (same odometry frame): see _relocalised_twist
+            # Relocalised after a gap or a loss (same odometry frame), or the first trusted scan of a
+            # re-seeding segment (the motion since its seed, possibly seconds): a mean over the
+            # interval, see _relocalised_twist, and the next prediction is stale.
+            self.twist_relocalised = bool(event) or self.reseeding
+            if self.twist_relocalised:
                 self.twist = _relocalised_twist(delta, dt)
             else:
                 self.twist = np.concatenate([delta[:3, 3], Rotation.from_matrix(delta[:3, :3]).as_rotvec()]) / dt
@@ -436,6 +480,8 @@ class KeyframeOdometry:
             self.twist_cov = 2.0 * (body @ cov_rel @ body.T) / dt**2
             self.twist_known = True
         self.failures = 0
+        self.reseeding = False
+        self.last_motion = (float(np.linalg.norm(self.twist[:3])), float(np.linalg.norm(self.twist[3:])))
         self.last_pose, self.last_stamp, self.last_cov = pose, stamp, covariance
         new_kf = self._needs_keyframe(result)
         if new_kf:
@@ -449,37 +495,47 @@ class KeyframeOdometry:
                  failed: RegistrationResult) -> OdometryStep:
         """Tracking is lost: relocalise against the kept keyframes, else start a new segment.
 
-        The current keyframe has just failed; of the others, the ``relocalisation_tries`` nearest
-        the predicted position are searched globally, nearest first, each with the prediction as
-        its prior (the quick try at the predicted heading first, ``Registrar.register``), and each
-        result reproduced. The count bounds what a lost track costs: every search that finds
-        nothing is a full one (all headings, the safeguard), seconds on a CPU, and a node that
-        spends them loses the overlap with every keyframe while its sensor moves on."""
+        The current keyframe has just failed its global search; of the others, the
+        ``relocalisation_tries`` nearest the predicted position are searched by the quick global
+        try (``Registrar.register(search="quick")``: the heading nearest the prediction's, a subset
+        of the voxels, the safeguard), nearest first, each with the prediction as its prior, and
+        each result reproduced. Count and search bound what a lost track costs: a node that
+        spends seconds here loses the overlap with every keyframe while its sensor moves on (held-out
+        HDL-64 drive at 10 Hz on one loaded CPU core: lost steps of 20-30 s with full searches)."""
         predicted = self._predict(stamp)
         kept = sorted(list(self.keyframes)[:-1],
                       key=lambda kf: float(np.linalg.norm(kf.pose[:3, 3] - predicted[:3, 3])))
         for keyframe in kept[:self.cfg.relocalisation_tries]:
             init = geometry.invert_transform(keyframe.pose) @ predicted
             result = self._reproduced(prepared, keyframe.cloud,
-                                      self.registrar.register(prepared, keyframe.cloud, init=init))
+                                      self.registrar.register(prepared, keyframe.cloud, init=init, search="quick"))
             if result.success:
                 result.message = f"relocalised against keyframe {keyframe.id} after {self.failures} failed scans"
                 self.keyframes.remove(keyframe)  # the current keyframe again
                 self.keyframes.append(keyframe)
                 return self._tracked(index, stamp, prepared, scan, keyframe, result, event="relocalised")
+        return self._new_segment(index, stamp, prepared, scan, failed,
+                                 f"tracking lost ({failed.message}); no kept keyframe matches")
+
+    def _new_segment(self, index: int, stamp: float, prepared: PreparedCloud, scan: np.ndarray | None,
+                     failed: RegistrationResult, why: str) -> OdometryStep:
+        """A new segment (not trusted): the scan becomes its seed keyframe at the last trusted pose
+        moved by at most a gap of the last motion, its covariance grown by what the last trusted
+        speed and turn rate allow over the time since; the segment is re-seeding (module text)."""
         dt = max(min(stamp - self.last_stamp, self.max_gap()), 0.0)
         pose = self._predict(self.last_stamp + dt)
-        speed, turn = np.linalg.norm(self.twist[:3]), np.linalg.norm(self.twist[3:])
+        speed, turn = self.last_motion
         gap = stamp - self.last_stamp
         # The motion since the last trusted scan is unknown: at most the last speed over the gap.
         unknown = np.diag([(speed * gap + 1.0) ** 2] * 3 + [min(turn * gap + 0.1, math.pi) ** 2] * 3)
         covariance = self.last_cov + unknown
         self.segment += 1
         self._start(stamp)
+        self.reseeding = True
         self.last_pose, self.last_cov = pose, covariance
         self._add_keyframe(prepared, scan, pose, stamp, covariance)
-        message = (f"tracking lost ({failed.message}); no kept keyframe matches: segment {self.segment} "
-                   f"starts at the last trusted pose, the motion over the last {gap:.1f} s is unknown")
+        message = (f"{why}: segment {self.segment} starts at the last trusted pose, the motion over the last "
+                   f"{gap:.1f} s is unknown")
         kf = self.keyframes[-1]
         return OdometryStep(index, stamp, False, message, None, None, kf.id, stamp, True, failed,
                             prepared.input_frame_xyz(), None, None, None, self.segment, "new_segment")

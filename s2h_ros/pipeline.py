@@ -399,11 +399,14 @@ class Registrar:
         there are too few correspondences for RANSAC. ``search``: where S2H looks for candidate
         partners: ``global`` (each voxel's k nearest in feature space, both ways: any motion; with
         learned features the source is also tried at ``heading_hypotheses`` headings about z until
-        one is trusted decisively, ``DECISIVE_INLIER_RATIO``) or
-        ``prior`` (tracking: the k best in feature space among the target voxels within
-        ``prior_radius`` of where ``init`` puts the source voxel; needs ``init``, S2H matcher
-        only). The stages run on the clouds' local coordinates (``PreparedCloud.origin``);
-        ``init`` and the result are in the input frames.
+        one is trusted decisively, ``DECISIVE_INLIER_RATIO``), ``prior`` (tracking: the k best in
+        feature space among the target voxels within ``prior_radius`` of where ``init`` puts the
+        source voxel; needs ``init``, S2H matcher only) or ``quick`` (the global search's first try
+        alone, ``_quick_global``: at most ``global_max_points`` source voxels at the one heading
+        nearest ``init``'s yaw, as given without ``init``, with the safeguard; a bounded cost, for a
+        scan the caller can afford to lose: the odometry re-seeding a segment, relocalising, or
+        falling behind its sensor). The stages run on the clouds' local coordinates
+        (``PreparedCloud.origin``); ``init`` and the result are in the input frames.
         """
         cfg = self.config
         t_start = time.perf_counter()
@@ -416,8 +419,8 @@ class Registrar:
                 for k, v in prepared.timings.items():
                     timer.ms[k] = timer.ms.get(k, 0.0) + v
 
-        if search not in ("global", "prior"):
-            raise ValueError(f"search must be 'global' or 'prior', got {search!r}")
+        if search not in ("global", "prior", "quick"):
+            raise ValueError(f"search must be 'global', 'prior' or 'quick', got {search!r}")
         tracking = search == "prior" and cfg.matcher == "s2h"  # the nn matchers search globally
         turned: dict[float, torch.Tensor] = {}  # source features per heading, computed once per call
         if tracking:
@@ -428,11 +431,12 @@ class Registrar:
                 support = self.prior_support(src if picked is None else src.subset(picked), tgt, init)
             result = self._search(src, tgt, init, timer, turned, support, picked)
         else:
-            result = self._quick_global(src, tgt, init, timer, turned)
+            result = self._quick_global(src, tgt, init, timer, turned, alone=search == "quick")
             if result is None:
                 result = self._search(src, tgt, init, timer, turned)
             result = self.unrepeated(src, tgt, result, timer)
-        result.search = "prior" if tracking else "global"
+            search = "global" if search == "prior" else search  # the nn matchers: prior means global
+        result.search = "prior" if tracking else search
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
 
@@ -447,24 +451,35 @@ class Registrar:
         return np.sort(np.random.default_rng(self.config.seed).choice(n, m, replace=False))
 
     def _quick_global(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None, timer: _Timer,
-                      turned: dict[float, torch.Tensor]) -> RegistrationResult | None:
+                      turned: dict[float, torch.Tensor], alone: bool = False) -> RegistrationResult | None:
         """The global search's first try when a prior exists (``init``: the odometry's prediction):
         ``global_max_points`` source voxels matched at the heading hypothesis nearest the prior's
         yaw (``_headings``; as given unless the prior turns by more than 45 deg, e.g. a keyframe
         before a turn), refined and verified on every voxel. Its result when decisive (``_decisive``), else
         None and the full search runs (every voxel, every heading, the safeguard), so a hard pair
         loses nothing but this try (the turned features it computed are kept in ``turned``). None
-        at once without a prior."""
-        picked = None if init is None else self._matched_subset(src, self.config.global_max_points)
-        if picked is None:
+        at once without a prior. ``alone`` (``search="quick"``): this try is the whole search, with
+        or without a prior (the heading as given then), the safeguard on its matches included; its
+        result comes back, trusted only when decisive: what the full search would not take
+        without trying the other headings is not taken here either (a soak at 10 Hz trusted two
+        steps 5-6 m / 88-180 deg wrong from quick results that were verified but not decisive)."""
+        picked = None
+        if init is not None or alone:
+            picked = self._matched_subset(src, self.config.global_max_points)
+        if picked is None and not alone:
             return None
         heading = self.headings(src, None, init)[0]
         hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
-                                      picked, heading, defer=True)
+                                      picked, heading, defer=not alone)
         if hyp.deferred:  # the weights say "no inliers" here: no RANSAC on a subset, the full search decides
             return None
         result = self._finished(src, tgt, hyp, timer, structure=True)
-        return result if _decisive(result) else None
+        if alone and result.success and not _decisive(result):  # the full search would have looked further
+            result.success = False
+            result.message = (f"not decisive: {result.inlier_ratio:.1%} of the quick global try's matches are "
+                              f"inliers (need {DECISIVE_INLIER_RATIO:.0%} to stand without the full search over "
+                              f"every heading and voxel)")
+        return result if alone or _decisive(result) else None
 
     def _subset_hypothesis(self, src: PreparedCloud, tgt: PreparedCloud, features: torch.Tensor, support,
                            init: np.ndarray | None, timer: _Timer, picked: np.ndarray | None,

@@ -91,6 +91,66 @@ def test_a_lost_track_searches_at_most_relocalisation_tries_keyframes_nearest_th
     assert [np.linalg.norm(k.pose[:3, 3] - predicted[:3, 3]) for k, _ in tried] == distance[:2]
 
 
+def test_after_a_loss_each_failing_scan_costs_one_quick_search_and_seeds_the_segment(vlp16_drive, rng):
+    """Re-seeding: once a loss has started a new segment, a scan that does not match the segment's
+    seed is searched once, by the quick global try, and becomes the seed itself; the first scan near
+    it is trusted again (a lost CPU node must not spend seconds on every failing scan)."""
+    odo = KeyframeOdometry(FAST, OdometryConfig(max_failures=1, use_motion_prior=False))
+    scans = list(vlp16_drive)
+    assert all(odo.step(s.points, s.stamp).success for s in scans[:3])
+    speed, trusted_variance = odo.last_motion[0], odo.last_cov[0, 0]
+    assert speed > 0.5  # the drive is under way
+    searches = []
+    register = odo.registrar.register
+
+    def spy(source, target, init=None, search="global"):
+        searches.append(search)
+        return register(source, target, init, search)
+
+    odo.registrar.register = spy
+    noise = [rng.uniform(-30, 30, (3000, 3)).astype(np.float32) for _ in range(2)]
+    lost = odo.step(noise[0], scans[2].stamp + 0.1)
+    assert lost.event == "new_segment" and lost.segment == 1 and odo.reseeding
+    searches.clear()
+    again = odo.step(noise[1], scans[2].stamp + 0.2)
+    assert searches == ["quick"], searches
+    assert again.event == "new_segment" and again.segment == 2 and not again.success and again.new_keyframe
+    assert "not found against its first scan" in again.message and len(odo.keyframes) == 1
+    # A real scan does not match the noise seed: it seeds the segment; the next scan tracks against it.
+    seeded = odo.step(scans[4].points, scans[2].stamp + 0.3)
+    assert seeded.event == "new_segment" and seeded.segment == 3
+    tracked = odo.step(scans[5].points, scans[2].stamp + 0.4)
+    assert tracked.success and tracked.segment == 3 and not odo.reseeding, tracked.message
+    gt = _gt(vlp16_drive)
+    assert _relative_error(odo.keyframes[0].pose, tracked.pose, gt[4], gt[5])[1] < 0.25
+    # Each of the three losses grows the seed's covariance by what the last trusted speed allows
+    # over the 0.1 s since (plus 1 m): the motion in between is unknown.
+    assert odo.keyframes[0].covariance[0, 0] == pytest.approx(trusted_variance + 3 * (speed * 0.1 + 1.0) ** 2)
+
+
+def test_a_caller_falling_behind_gets_the_quick_global_search_and_tracking_is_unchanged(vlp16_drive):
+    """``step(..., behind=)``: while a newer scan waits (the node's one-slot buffer is full), a
+    global search is its quick first try alone; lock-step callers (no ``behind``) get the full one;
+    tracking is the same either way."""
+    scans = list(vlp16_drive)
+    runs = {}
+    for name, behind in (("lock-step", None), ("behind", lambda: True), ("keeping up", lambda: False)):
+        odo = KeyframeOdometry(FAST)
+        searches = []
+        register = odo.registrar.register
+
+        def spy(source, target, init=None, search="global", searches=searches, register=register):
+            searches.append(search)
+            return register(source, target, init, search)
+
+        odo.registrar.register = spy
+        steps = [odo.step(s.points, s.stamp, behind=behind) for s in scans[:4]]
+        assert all(s.success for s in steps), [s.message for s in steps]
+        runs[name] = searches
+    assert runs["lock-step"][0] == runs["keeping up"][0] == "global" and runs["behind"][0] == "quick"
+    assert runs["lock-step"][1:] == runs["behind"][1:] == runs["keeping up"][1:] == ["prior"] * 2
+
+
 def test_motion_prior_scales_with_the_time_between_scans(vlp16_drive):
     odo = KeyframeOdometry(FAST)
     scans = list(vlp16_drive)

@@ -242,6 +242,34 @@ def test_a_matched_subset_indexes_the_whole_source_and_refines_on_every_voxel():
     no_prior = Registrar(RegistrationConfig(global_max_points=1500)).register(src, tgt)
     for result in (few, no_prior):
         assert result.success and len(np.unique(result.correspondences[:, 0])) > 1500
+    # search="quick": that first try is the whole search, decisive or not, with or without a prior.
+    alone = Registrar(RegistrationConfig(global_max_points=1500))
+    for init_ in (init, None):
+        result = alone.register(src, tgt, init=init_, search="quick")
+        assert result.search == "quick" and len(np.unique(result.correspondences[:, 0])) <= 1500
+        assert result.success and geometry.transform_errors(result.transform, pair.T_gt)[1] < 0.1
+    starved = Registrar(RegistrationConfig(global_max_points=20)).register(src, tgt, init=init, search="quick")
+    assert len(np.unique(starved.correspondences[:, 0])) <= 20 and starved.search == "quick"
+
+
+def test_a_quick_search_trusts_only_what_the_full_search_would_take_without_looking_further(monkeypatch):
+    """``search="quick"`` is the full search cut after its first try: a verified result that is not
+    decisive (too few of its matches inliers, ``DECISIVE_INLIER_RATIO``) is not trusted, since the
+    full search would have tried the other headings first (a 10 Hz soak trusted quick results
+    5-6 m / 88-180 deg wrong)."""
+    import s2h_ros.pipeline as pipeline
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+
+    pair = synthetic_pairs(1, seed=6, min_distance=2.0, max_distance=4.0)[0]
+    reg = Registrar(RegistrationConfig(global_max_points=1500))
+    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    quick = reg.register(src, tgt, search="quick")
+    assert quick.success and 0.1 <= quick.inlier_ratio < 0.9
+    monkeypatch.setattr(pipeline, "DECISIVE_INLIER_RATIO", 0.9)  # the same result is no longer decisive
+    again = reg.register(src, tgt, search="quick")
+    assert not again.success and again.message.startswith("not decisive")
+    np.testing.assert_allclose(again.transform, quick.transform)  # the same result, only not trusted
+    assert reg.register(src, tgt).success  # the full search tries every heading and takes the best
 
 
 def test_icp_stopping_at_the_tolerance_lands_where_every_iteration_lands_on_real_scans():

@@ -26,6 +26,7 @@ drive of ``--sensor`` / ``--seed`` / ``--frames`` written under ``--cache`` (nee
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import time
@@ -189,7 +190,9 @@ def run(args: argparse.Namespace) -> dict:
             time.sleep(wait)  # the next scan has not been "published" yet
         dropped += index - last - 1
         started = time.perf_counter() - t0
-        step = odo.step(scans[index], index * period if period else index * 0.1)
+        newer = stream.arrival[index + 1] if period and index + 1 < count else math.inf  # the node's full slot
+        step = odo.step(scans[index], index * period if period else index * 0.1,
+                        behind=lambda newer=newer: time.perf_counter() - t0 >= newer)
         synchronize(args.device)
         finished = time.perf_counter() - t0
         arrival = float(stream.arrival[index]) if args.rate > 0 else started

@@ -176,7 +176,8 @@ class RegistrationNode(Node):
             self._publish_failure(msg.header, scan_id, f"malformed PointCloud2: {exc}")
             return
         self._update_extrinsic(sensor_frame)
-        step = self.odometry.step(xyz, messages.stamp_to_sec(stamp))
+        # A newer scan in the one-slot buffer: the odometry's global search is its quick try alone.
+        step = self.odometry.step(xyz, messages.stamp_to_sec(stamp), behind=lambda: self._pending is not None)
         self.stats["processed"] += 1
         self._segment = step.segment
         self._note_event(step, scan_id)
