@@ -20,10 +20,11 @@ Each scan goes through these stages:
    takes a scan every 1-3 s keeps tracking instead of losing its prior at every scan.
 3. **Global search** otherwise, or when tracking fails or corrects the prediction a lot (the end
    of a turn: the prior keeps turning): S2H on each voxel's feature k-NN in the current keyframe
-   (its first try alone, ``search="quick"``, when the caller says a newer scan is already waiting:
-   ``step(..., behind=)``; a full search costs 6-8 s on a 2-core CPU, and a node that spends them
-   sees its next scan 40-60 m on, where nothing overlaps any more),
-   checked against the prior's hypothesis (tracking's result, or ICP from the prediction). If
+   (**falling behind**: its first try alone, ``Registrar.register(search="quick")``, one heading,
+   a subset of the voxels, trusted only when decisive, whenever the caller says a newer scan is
+   already waiting, ``step(..., behind=)``, here and in stage 5; a full search costs 6-8 s on a
+   2-core CPU, and a node that spends them sees its next scan 40-60 m on, where nothing overlaps
+   any more; lock-step callers pass nothing and keep every full search), checked against the prior's hypothesis (tracking's result, or ICP from the prediction). If
    they agree the global result stands; if they disagree, the one explaining clearly more of the
    scan (fraction of voxels within half the inlier distance, by ``ambiguity_margin``) wins and a
    tie is not trusted. When the global result fails, the prior's hypothesis alone is accepted
@@ -35,24 +36,21 @@ Each scan goes through these stages:
    3900 matches) is not found twice; a right one is found by any seed.
 5. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
    is registered globally against at most ``relocalisation_tries`` of the kept keyframes
-   (``relocalisation_keyframes``), nearest the predicted position first, each by the global
-   search's first try alone (``search="quick"``: the heading nearest the prediction's, a subset of
-   the voxels; about 1 s on a 2-core CPU where a full search costs 6-8 s) with the prediction as
-   its prior (event ``relocalised``), each result reproduced as above. A relocalised scan
+   (``relocalisation_keyframes``), nearest the predicted position first, each with the prediction
+   as its prior (event ``relocalised``), each result reproduced as above. A relocalised scan
    gives the prior a velocity again (the mean over the gap, without its turn). If none verifies, a new
    **segment** starts: the scan becomes a keyframe at the last trusted pose moved by at most a
    gap of the last motion (event ``new_segment``, not trusted), so the odometry frame stays
    continuous and says that the motion in between is unknown.
-   **Re-seeding**: until a scan of the new segment is trusted, each scan is registered against
-   the segment's first scan (its seed) by the global search's first try alone
-   (``Registrar.register(search="quick")``: one heading, a subset of the voxels, the safeguard,
-   reproduced; trusted only when decisive), and a scan that fails becomes the seed at once (event
-   ``new_segment`` again); the first trusted scan gives the prior the mean velocity since the seed,
-   as a relocalisation does, and its prediction counts as stale. A lost
-   scan then costs about one second on a 2-core CPU instead of 7-17 s (every heading, every kept
-   keyframe), so the next scan is still near the seed: a node that spent 7 s on every failing scan
-   saw each next scan 50 m on and never found the track again (held-out HDL-64 drive over DDS at
-   10 Hz, docs/performance.md).
+   **Re-seeding**: until a scan of the new segment is trusted, each scan is registered globally
+   against the segment's first scan (its seed), and a scan that fails becomes the seed at once
+   (event ``new_segment`` again) instead of counting ``max_failures`` against an ever more distant
+   scan; the first trusted scan gives the prior the mean velocity since the seed, as a
+   relocalisation does, and its prediction counts as stale. With the quick search of a node that
+   falls behind, a lost scan costs about one second on a 2-core CPU instead of 7-30 s, so the next
+   scan is still near the seed: a node that spent 7 s on every failing scan saw each next scan
+   50 m on and never found the track again (held-out HDL-64 drive over DDS at 10 Hz,
+   docs/performance.md).
 6. **Fine refinement**: a trusted pose is refined against a local map, the last ``map_keyframes``
    keyframe scans at ``map_voxel`` (``s2h_ros.local_map``: robust point-to-plane ICP), and the
    refined pose is used when it stays within the agreement tolerance of the trusted one
@@ -246,8 +244,7 @@ class KeyframeOdometry:
         current = self.keyframes[-1]
         prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
         started = time.perf_counter()
-        result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp),
-                                quick=self.reseeding)
+        result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp))
         if result.success:
             if gap and not self.reseeding:  # found again without a usable prior
                 result.message = f"relocalised against keyframe {current.id} after {stamp - self.last_stamp:.1f} s without data"
@@ -266,11 +263,10 @@ class KeyframeOdometry:
 
     # ------------------------------------------------------------------ stages
     def _register(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray,
-                  prior_trusted: bool, stale: bool, quick: bool = False) -> RegistrationResult:
+                  prior_trusted: bool, stale: bool) -> RegistrationResult:
         """The scan against ``keyframe`` (see the module text): tracking while the prior is trusted,
         accepted as it is when it confirms the prediction (``stale``: and passes the repetition
-        test); otherwise the global search (its first try alone when ``quick``, re-seeding, or while
-        the caller is falling behind), checked against the prior's hypothesis (tracking's result,
+        test); otherwise the global search (``_global_search``), checked against the prior's hypothesis (tracking's result,
         or ICP from the prediction)."""
         t0 = time.perf_counter()
         reg, use_prior = self.registrar, self.cfg.use_motion_prior
@@ -289,8 +285,7 @@ class KeyframeOdometry:
             if not checked.success:  # a copy metres away explains the scan as well: the prediction was off
                 competitor, checked, prior_trusted = checked, None, False
         if checked is None:  # no tracking, or it failed or corrected the prediction a lot: the global search decides
-            quick = quick or self._falling_behind()  # asked now: tracking has taken its time
-            global_ = reg.register(prepared, keyframe.cloud, init=prior, search="quick" if quick else "global")
+            global_ = self._global_search(prepared, keyframe, prior)
             confirmed = global_.success and self._agree(global_.transform, prior)
             if use_prior and not confirmed:
                 if competitor is None or not competitor.success:
@@ -413,9 +408,12 @@ class KeyframeOdometry:
                           f"{again.num_inliers} vs {result.num_inliers} inliers); the global search is not trusted")
         return result
 
-    def _falling_behind(self) -> bool:
-        """A newer scan is waiting for this odometry (``step(..., behind=)``)."""
-        return self._behind is not None and bool(self._behind())
+    def _global_search(self, prepared: PreparedCloud, keyframe: Keyframe, prior: np.ndarray) -> RegistrationResult:
+        """The scan against ``keyframe`` in feature space, ``prior`` its prior: the full search, or
+        its quick first try alone while a newer scan is waiting (``step(..., behind=)``, asked
+        now: what came before in this step has taken its time)."""
+        behind = self._behind is not None and bool(self._behind())
+        return self.registrar.register(prepared, keyframe.cloud, init=prior, search="quick" if behind else "global")
 
     def max_gap(self) -> float:
         """Seconds since the last trusted scan beyond which the motion prior is not trusted:
@@ -496,19 +494,18 @@ class KeyframeOdometry:
         """Tracking is lost: relocalise against the kept keyframes, else start a new segment.
 
         The current keyframe has just failed its global search; of the others, the
-        ``relocalisation_tries`` nearest the predicted position are searched by the quick global
-        try (``Registrar.register(search="quick")``: the heading nearest the prediction's, a subset
-        of the voxels, the safeguard), nearest first, each with the prediction as its prior, and
-        each result reproduced. Count and search bound what a lost track costs: a node that
-        spends seconds here loses the overlap with every keyframe while its sensor moves on (held-out
-        HDL-64 drive at 10 Hz on one loaded CPU core: lost steps of 20-30 s with full searches)."""
+        ``relocalisation_tries`` nearest the predicted position are searched globally
+        (``_global_search``: the quick try while the caller falls behind), nearest first, each with
+        the prediction as its prior, and each result reproduced. Count and search bound what a lost
+        track costs: a node that spends seconds here loses the overlap with every keyframe while its
+        sensor moves on (held-out HDL-64 drive at 10 Hz on one loaded CPU core: lost steps of
+        20-30 s with full searches)."""
         predicted = self._predict(stamp)
         kept = sorted(list(self.keyframes)[:-1],
                       key=lambda kf: float(np.linalg.norm(kf.pose[:3, 3] - predicted[:3, 3])))
         for keyframe in kept[:self.cfg.relocalisation_tries]:
             init = geometry.invert_transform(keyframe.pose) @ predicted
-            result = self._reproduced(prepared, keyframe.cloud,
-                                      self.registrar.register(prepared, keyframe.cloud, init=init, search="quick"))
+            result = self._reproduced(prepared, keyframe.cloud, self._global_search(prepared, keyframe, init))
             if result.success:
                 result.message = f"relocalised against keyframe {keyframe.id} after {self.failures} failed scans"
                 self.keyframes.remove(keyframe)  # the current keyframe again
