@@ -42,10 +42,11 @@ Each scan goes through these stages:
    **segment** starts: the scan becomes a keyframe at the last trusted pose moved by at most a
    gap of the last motion (event ``new_segment``, not trusted), so the odometry frame stays
    continuous and says that the motion in between is unknown.
-   **Re-seeding**: until a scan of the new segment is trusted, each scan is registered globally
-   against the segment's first scan (its seed), and a scan that fails becomes the seed at once
-   (event ``new_segment`` again) instead of counting ``max_failures`` against an ever more distant
-   scan; the first trusted scan gives the prior the mean velocity since the seed, as a
+   **Re-seeding** (a caller falling behind, as in stage 3, when the segment starts): until a scan
+   of the new segment is trusted, each scan is registered globally against the segment's first
+   scan (its seed), and a scan that fails becomes the seed at once (event ``new_segment`` again)
+   instead of counting ``max_failures`` against an ever more distant scan (lock-step callers keep
+   counting: their next scan is near the seed); the first trusted scan gives the prior the mean velocity since the seed, as a
    relocalisation does, and its prediction counts as stale. With the quick search of a node that
    falls behind, a lost scan costs about one second on a 2-core CPU instead of 7-30 s, so the next
    scan is still near the seed: a node that spent 7 s on every failing scan saw each next scan
@@ -412,8 +413,12 @@ class KeyframeOdometry:
         """The scan against ``keyframe`` in feature space, ``prior`` its prior: the full search, or
         its quick first try alone while a newer scan is waiting (``step(..., behind=)``, asked
         now: what came before in this step has taken its time)."""
-        behind = self._behind is not None and bool(self._behind())
-        return self.registrar.register(prepared, keyframe.cloud, init=prior, search="quick" if behind else "global")
+        search = "quick" if self._falling_behind() else "global"
+        return self.registrar.register(prepared, keyframe.cloud, init=prior, search=search)
+
+    def _falling_behind(self) -> bool:
+        """A newer scan is waiting for this odometry (``step(..., behind=)``), asked now."""
+        return self._behind is not None and bool(self._behind())
 
     def max_gap(self) -> float:
         """Seconds since the last trusted scan beyond which the motion prior is not trusted:
@@ -528,7 +533,7 @@ class KeyframeOdometry:
         covariance = self.last_cov + unknown
         self.segment += 1
         self._start(stamp)
-        self.reseeding = True
+        self.reseeding = self._falling_behind()  # lock-step callers count max_failures against the seed
         self.last_pose, self.last_cov = pose, covariance
         self._add_keyframe(prepared, scan, pose, stamp, covariance)
         message = (f"{why}: segment {self.segment} starts at the last trusted pose, the motion over the last "

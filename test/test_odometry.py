@@ -92,10 +92,10 @@ def test_a_lost_track_searches_at_most_relocalisation_tries_keyframes_nearest_th
 
 
 def test_after_a_loss_each_failing_scan_costs_one_search_and_seeds_the_segment(vlp16_drive, rng):
-    """Re-seeding: once a loss has started a new segment, a scan that does not match the segment's
-    seed is searched once (the quick global try when the caller falls behind, the full one in
-    lock-step) and becomes the seed itself; the first scan near it is trusted again (a lost CPU node
-    must not spend seconds on every failing scan)."""
+    """Re-seeding: once a loss has started a new segment while the caller falls behind, a scan that
+    does not match the segment's seed is searched once (the quick global try while behind, the full
+    one otherwise) and becomes the seed itself; the first scan near it is trusted again (a lost CPU
+    node must not spend seconds on every failing scan)."""
     odo = KeyframeOdometry(FAST, OdometryConfig(max_failures=1, use_motion_prior=False))
     scans = list(vlp16_drive)
     assert all(odo.step(s.points, s.stamp).success for s in scans[:3])
@@ -110,7 +110,7 @@ def test_after_a_loss_each_failing_scan_costs_one_search_and_seeds_the_segment(v
 
     odo.registrar.register = spy
     noise = [rng.uniform(-30, 30, (3000, 3)).astype(np.float32) for _ in range(2)]
-    lost = odo.step(noise[0], scans[2].stamp + 0.1)
+    lost = odo.step(noise[0], scans[2].stamp + 0.1, behind=lambda: True)
     assert lost.event == "new_segment" and lost.segment == 1 and odo.reseeding
     searches.clear()
     again = odo.step(noise[1], scans[2].stamp + 0.2, behind=lambda: True)
