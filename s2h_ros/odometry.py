@@ -247,10 +247,10 @@ class KeyframeOdometry:
         started = time.perf_counter()
         result = self._register(prepared, current, prior, prior_trusted, self._prediction_stale(stamp))
         if result.success:
-            if gap and not self.reseeding:  # found again without a usable prior
+            relocalised = gap and not self.reseeding  # found again without a usable prior
+            if relocalised:
                 result.message = f"relocalised against keyframe {current.id} after {stamp - self.last_stamp:.1f} s without data"
-            return self._tracked(index, stamp, prepared, scan, current, result,
-                                 event="relocalised" if gap and not self.reseeding else "")
+            return self._tracked(index, stamp, prepared, scan, current, result, event="relocalised" if relocalised else "")
 
         self.failures += 1
         if self.reseeding:  # the seed is out of reach (or this scan is bad): this scan seeds the segment instead
@@ -267,8 +267,8 @@ class KeyframeOdometry:
                   prior_trusted: bool, stale: bool) -> RegistrationResult:
         """The scan against ``keyframe`` (see the module text): tracking while the prior is trusted,
         accepted as it is when it confirms the prediction (``stale``: and passes the repetition
-        test); otherwise the global search (``_global_search``), checked against the prior's hypothesis (tracking's result,
-        or ICP from the prediction)."""
+        test); otherwise the global search (``_global_search``), checked against the prior's
+        hypothesis (tracking's result, or ICP from the prediction)."""
         t0 = time.perf_counter()
         reg, use_prior = self.registrar, self.cfg.use_motion_prior
         competitor = icp = checked = None
