@@ -23,25 +23,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.pipeline import CheckedCloud, check_cloud, estimate_normals, refine_icp
-
-
-@dataclass
-class Refinement:
-    """The fine refinement of one pose."""
-
-    pose: np.ndarray  # (4, 4) the refined pose (odometry frame); the given one when not used
-    used: bool  # the refined pose replaced the given one
-    message: str  # why not, when not used ("" otherwise)
-    moved_m: float  # how far the refinement moved the pose (translation, metres)
-    moved_deg: float  # and by how much it turned it
-    ms: float
+from s2h_ros.pipeline import CheckedCloud, Refinement, check_cloud, estimate_normals, refine_icp
 
 
 def downsample(xyz: np.ndarray, voxel: float) -> np.ndarray:

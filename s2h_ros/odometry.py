@@ -76,9 +76,9 @@ from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
-from s2h_ros.local_map import LocalMap, Refinement
-from s2h_ros.pipeline import (PreparedCloud, Registrar, RegistrationError, RegistrationResult, check_cloud,
-                              ransac_on_correspondences)
+from s2h_ros.local_map import LocalMap
+from s2h_ros.pipeline import (PreparedCloud, Refinement, Registrar, RegistrationError, RegistrationResult,
+                              check_cloud, ransac_on_correspondences)
 
 # Two hypotheses closer than this agree (translation: OdometryConfig.agree_distance).
 AGREE_ROTATION_DEG = 2.0
