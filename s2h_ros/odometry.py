@@ -126,7 +126,7 @@ class OdometryStep:
     # preparation (voxelize, features, map_scan), the registration's stages (RegistrationResult.
     # timings, map_refine included; when tracking was lost, "lost_tracking": every registration of
     # the scan, against each keyframe tried) and "rest" (keyframe and map bookkeeping); they sum to
-    # the step.
+    # the step, and its preparation where that ran ahead (``KeyframeOdometry.prepare``, another thread).
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -139,8 +139,23 @@ class Keyframe:
     covariance: np.ndarray  # (6, 6), as OdometryStep.covariance
 
 
+@dataclass(eq=False)
+class PreparedScan:
+    """A scan made ready for ``KeyframeOdometry.step`` by ``KeyframeOdometry.prepare``: its voxels and
+    features, and the local map's copy of it; or why it cannot be registered (``error``)."""
+
+    cloud: PreparedCloud | None
+    map_scan: np.ndarray | None  # (M, 3) float64 for the fine refinement; None without a local map
+    timings: dict[str, float]  # ms: voxelize, features, map_scan
+    error: str = ""  # "bad scan: ..." where the scan cannot be registered
+
+
 class KeyframeOdometry:
-    """Online odometry: ``step(points, stamp)`` per scan, poses in the first keyframe's frame."""
+    """Online odometry: ``step(points, stamp)`` per scan, poses in the first keyframe's frame.
+
+    ``prepare(points)`` (voxels, features, the local map's copy) reads no state of the odometry, so
+    a caller may run it for the next scan in another thread while ``step`` registers this one (the
+    node does: ``s2h_ros.ros.registration_node``), and hand ``step`` the ``PreparedScan``."""
 
     def __init__(
         self,
@@ -194,26 +209,48 @@ class KeyframeOdometry:
         return self.keyframes[-1].pose if self.keyframes else np.eye(4)
 
     # ------------------------------------------------------------------ one scan
-    def step(self, points: np.ndarray, stamp: float, behind: Callable[[], bool] | None = None) -> OdometryStep:
-        """One scan: ``points (N, 3+)``, ``stamp`` in seconds. ``behind``: says, when asked, whether
-        a newer scan is already waiting for this odometry (the node's one-slot buffer is full);
-        while it is, a global search is its quick first try alone (module text, stage 3). Without
-        it (lock-step callers), every search is a full one."""
+    def prepare(self, points: np.ndarray) -> PreparedScan:
+        """``points (N, 3+)`` made ready for ``step``: checked once, voxelised with features
+        (``Registrar.prepare``) and downsampled for the local map. Touches no state of the odometry
+        (thread-safe against ``step``); a scan that cannot be registered gives ``error``."""
+        timings: dict[str, float] = {}
+        try:
+            self._check(points)
+            checked = check_cloud("cloud", points, self.registrar.config.voxel_size)  # once, for both uses
+            cloud = self.registrar.prepare(checked)
+            timings.update(cloud.timings)
+            t_scan = time.perf_counter()
+            map_scan = self.local_map.scan(checked) if self.local_map is not None else None
+            timings["map_scan"] = 1e3 * (time.perf_counter() - t_scan)
+        except RegistrationError as exc:
+            return PreparedScan(None, None, timings, f"bad scan: {exc}")
+        return PreparedScan(cloud, map_scan, timings)
+
+    def step(self, points: np.ndarray | PreparedScan, stamp: float,
+             behind: Callable[[], bool] | None = None) -> OdometryStep:
+        """One scan: ``points (N, 3+)`` or what ``prepare`` made of them, ``stamp`` in seconds.
+        ``behind``: says, when asked, whether a newer scan is already waiting for this odometry (the
+        node's one-slot buffer is full); while it is, a global search is its quick first try alone
+        (module text, stage 3). Without it (lock-step callers), every search is a full one. The
+        step's timings include the preparation's (done here for points, earlier for a PreparedScan)."""
         t0 = time.perf_counter()
         self._behind = behind
-        prepare_ms: dict[str, float] = {}
         self._lost_since = None
-        out = self._step(points, stamp, prepare_ms)
+        ahead = isinstance(points, PreparedScan)
+        scan = points if ahead else self.prepare(points)
+        prepare_ms = dict(scan.timings)
+        out = self._step(scan, stamp)
         if self._lost_since is not None:  # every registration of a lost track, against each keyframe tried
             registration = {"lost_tracking": 1e3 * (time.perf_counter() - self._lost_since)}
         else:
             registration = dict(out.result.timings) if out.result is not None else {}
             registration.pop("total", None)
         out.timings = {**prepare_ms, **registration}
-        out.timings["rest"] = max(0.0, 1e3 * (time.perf_counter() - t0) - sum(out.timings.values()))
+        spent = 1e3 * (time.perf_counter() - t0) + (sum(prepare_ms.values()) if ahead else 0.0)
+        out.timings["rest"] = max(0.0, spent - sum(out.timings.values()))
         return out
 
-    def _step(self, points: np.ndarray, stamp: float, prepare_ms: dict[str, float]) -> OdometryStep:
+    def _step(self, scan_in: PreparedScan, stamp: float) -> OdometryStep:
         index = self.count
         self.count += 1
         event = ""
@@ -227,16 +264,9 @@ class KeyframeOdometry:
         elif self.received_stamp is not None and stamp > self.received_stamp:
             self.intervals.append(stamp - self.received_stamp)
         self.received_stamp = stamp
-        try:
-            self._check(points)
-            checked = check_cloud("cloud", points, self.registrar.config.voxel_size)  # once, for both uses
-            prepared = self.registrar.prepare(checked)
-            prepare_ms.update(prepared.timings)
-            t_scan = time.perf_counter()
-            scan = self.local_map.scan(checked) if self.local_map is not None else None  # for the fine refinement
-            prepare_ms["map_scan"] = 1e3 * (time.perf_counter() - t_scan)
-        except RegistrationError as exc:
-            return self._failed(index, stamp, f"bad scan: {exc}", None)
+        if scan_in.error:
+            return self._failed(index, stamp, scan_in.error, None)
+        prepared, scan = scan_in.cloud, scan_in.map_scan
         if not self.keyframes:
             return self._initialise(index, prepared, scan, stamp, event or "initialised")
 

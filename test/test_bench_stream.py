@@ -5,41 +5,50 @@ import json
 
 import numpy as np
 
-from s2h_ros.benchmarks.stream import _Stream
+import pytest
 
 
-def test_a_free_consumer_takes_the_newest_scan_and_drops_the_older_ones():
-    stream = _Stream(10, rate=10.0)
-    assert stream.next_index(-1, 0.0) == 0
-    assert stream.next_index(0, 0.05) == 1  # not published yet: the caller waits for it
-    assert stream.next_index(0, 0.37) == 3  # scans 1 and 2 were overwritten in the buffer
-    assert stream.next_index(3, 5.0) == 9  # never past the last scan
-    assert stream.next_index(9, 5.0) is None
+PREPARATION = ("voxelize", "features", "map_scan")
 
 
-def test_lock_step_takes_every_scan_in_order():
-    stream = _Stream(3, rate=0.0)
-    assert [stream.next_index(i, 100.0) for i in (-1, 0, 1, 2)] == [0, 1, 2, None]
-
-
-def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path):
-    """Six scans of the 16-beam drive, every one registered: trusted, close to the truth, and the
-    stages of each step (OdometryStep.timings) add up to the step's time."""
+@pytest.mark.parametrize("serial", [False, True], ids=["prepared-ahead", "serial"])
+def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, serial):
+    """Six scans of the 16-beam drive, every one registered in order: trusted, close to the truth,
+    and the stages of each step (OdometryStep.timings) add up to the worker's step time, plus the
+    preparation where the node's hand-over ran it ahead on its other thread."""
     from s2h_ros.cli import main
 
     out = tmp_path / "stream.json"
     assert main(["bench", "stream", "--sequence", str(vlp16_drive.folder), "--rate", "0", "--count", "6",
-                 "--threads", "1", "--no-kiss-icp", "--json", str(out)]) == 0
+                 "--threads", "1", "--no-kiss-icp", "--json", str(out)] + ["--serial"] * serial) == 0
     result = json.loads(out.read_text())
     assert result["processed"] == 6 and result["dropped"] == 0 and result["device"] == "cpu"
+    assert [s["index"] for s in result["steps"]] == list(range(6))
     assert result["trusted"] >= 5 and result["events"].get("initialised") == 1
     assert result["metrics_trusted"]["ate_rmse_m"] < 0.1
     for step in result["steps"]:
-        assert abs(sum(step["stages"].values()) - step["step_ms"]) < 1e-6 * step["step_ms"] + 1e-3
+        ahead = 0.0 if serial else sum(step["stages"][k] for k in PREPARATION)
+        assert abs(sum(step["stages"].values()) - ahead - step["step_ms"]) < 1e-6 * step["step_ms"] + 1e-3
         assert step["stages"]["features"] > 0 and step["stages"]["voxelize"] > 0
+        assert step["latency_ms"] >= step["step_ms"]
     tracked = [s for s in result["steps"] if s["search"] == "prior"]
     assert tracked and all(s["stages"]["support"] > 0 and s["stages"]["refine"] > 0 for s in tracked)
-    assert np.isclose(sum(result["stage_ms_mean"].values()), np.mean([s["step_ms"] for s in result["steps"]]))
+    if serial:
+        assert np.isclose(sum(result["stage_ms_mean"].values()), np.mean([s["step_ms"] for s in result["steps"]]))
+
+
+def test_a_stream_faster_than_the_odometry_drops_scans_and_answers_the_newest(vlp16_drive, tmp_path):
+    """At 200 scans/s nothing registers in 5 ms: scans are dropped, every one is either answered or
+    dropped, answers stay in order, and the last scan offered is answered."""
+    from s2h_ros.cli import main
+
+    out = tmp_path / "stream.json"
+    assert main(["bench", "stream", "--sequence", str(vlp16_drive.folder), "--rate", "200", "--count", "8",
+                 "--threads", "1", "--no-kiss-icp", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    indices = [s["index"] for s in result["steps"]]
+    assert result["dropped"] > 0 and result["processed"] + result["dropped"] == 8
+    assert indices == sorted(indices) and indices[-1] == 7
 
 
 def test_a_depth_camera_stream_runs_with_the_nodes_depth_camera_settings_and_overrides_on_top():

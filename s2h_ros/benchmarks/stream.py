@@ -1,15 +1,19 @@
 """``s2h bench stream``: the node's odometry under a sensor-rate stream, in one process, on a device.
 
-What registration_node does with each scan (``KeyframeOdometry.step``), without DDS: scan ``i``
-becomes available at ``i / rate`` seconds after the start, and whenever the odometry is free it
-takes the newest scan available and drops the older ones (the node's one-slot buffer). Every step
-is timed with the device synchronised (``torch.cuda.synchronize`` before the clock is read), so no
-GPU work is in flight when a latency is taken. ``--rate 0`` is lock-step: every scan, in order, as
-fast as the odometry goes (latency = step time).
+What registration_node does with each scan, without DDS: scan ``i`` is offered at ``i / rate``
+seconds after the start to the node's hand-over (``s2h_ros.handover``: a one-slot buffer where a
+newer scan drops an older one, a preparer thread that computes the newest scan's voxels and
+features, ``KeyframeOdometry.prepare``, while the worker registers the one before,
+``KeyframeOdometry.step``). Every step is timed with the device synchronised
+(``torch.cuda.synchronize`` before the clock is read), so no GPU work is in flight when a latency
+is taken. ``--rate 0`` is lock-step: every scan, in order, offered as soon as the one before has
+been taken, as fast as the odometry goes. ``--serial`` prepares each scan on the worker, right
+before its step (the node before the hand-over; the same run's baseline).
 
-Reported: processed rate, scans dropped, latency from a scan's arrival to its pose (p50 / p95 /
-max), the step's mean time per stage and scan (``OdometryStep.timings``: the scan's voxelisation
-and features, the registration's stages, the local map's refinement, and the rest), trusted fraction and
+Reported: processed rate, scans dropped, latency from a scan being offered to its pose (p50 / p95 /
+max), the worker's step time, the mean time per stage and scan (``OdometryStep.timings``: the
+scan's voxelisation and features, the registration's stages, the local map's refinement, and the
+rest), trusted fraction and
 events, ATE and KITTI drift of the trusted poses against ground truth (only the scans processed;
 ``s2h bench replay`` holds the last pose for dropped scans instead), peak resident and GPU memory,
 and, where kiss-icp is installed, KISS-ICP on the same scans offline in the same run.
@@ -58,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="config override, e.g. odometry.map_keyframes=0 or registration.prior_max_points=4000")
     parser.add_argument("--cache", type=Path, default=Path("results/bench_stream"), help="simulated drives go here")
     parser.add_argument("--no-kiss-icp", action="store_true", help="skip KISS-ICP on the same scans")
+    parser.add_argument("--serial", action="store_true",
+                        help="prepare each scan on the worker right before its step (no preparation ahead)")
 
 
 def _configs(args: argparse.Namespace):
@@ -97,21 +103,72 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-class _Stream:
-    """Scans offered at ``arrival[i]`` seconds; the consumer takes the newest available."""
+def _stream_serial(odo, scans: list[np.ndarray], rate: float, device: str, first: int) -> tuple[list[dict], int]:
+    """``--serial``: one thread; whenever the odometry is free it takes the newest scan offered (lock-step:
+    the next) and prepares it in its step. Records and the number of scans dropped."""
 
-    def __init__(self, count: int, rate: float) -> None:
-        self.count, self.rate = count, rate
-        self.arrival = np.arange(count) / rate if rate > 0 else np.zeros(count)
+    count, period = len(scans), (1.0 / rate if rate > 0 else 0.0)
+    records: list[dict] = []
+    last, dropped = -1, 0
+    t0 = time.perf_counter()
+    while last + 1 < count:
+        now = time.perf_counter() - t0
+        index = last + 1 if not period else max(last + 1, min(count - 1, int(np.floor(now * rate + 1e-9))))
+        wait = index * period - now
+        if wait > 0:
+            time.sleep(wait)  # the next scan has not been "published" yet
+        dropped += index - last - 1
+        started = time.perf_counter() - t0
+        newer = (index + 1) * period if period and index + 1 < count else math.inf  # the node's full slot
+        step = odo.step(scans[index], _stamp(index, period), behind=lambda newer=newer: time.perf_counter() - t0 >= newer)
+        synchronize(device)
+        finished = time.perf_counter() - t0
+        records.append(_step_record(step, first + index, index * period if period else started, started, finished))
+        last = index
+    return records, dropped
 
-    def next_index(self, last: int, now: float) -> int | None:
-        """The scan to process after ``last`` at time ``now`` (None: none is left); waits are the
-        caller's. Lock-step takes ``last + 1``."""
-        if last + 1 >= self.count:
-            return None
-        if self.rate <= 0:
-            return last + 1
-        return max(last + 1, min(self.count - 1, int(np.floor(now * self.rate + 1e-9))))
+
+def _stream_handover(odo, scans: list[np.ndarray], rate: float, device: str, first: int) -> tuple[list[dict], int]:
+    """The node's way (``s2h_ros.handover``): scans offered at their time (lock-step: as soon as the
+    one before is taken), prepared ahead on one thread, registered on another."""
+    from s2h_ros.handover import Failed, Handover
+
+    period = 1.0 / rate if rate > 0 else 0.0
+    records: list[dict] = []
+    t0 = time.perf_counter()
+
+    def prepare(offer: tuple[int, float]):
+        index, offered = offer
+        return index, offered, odo.prepare(scans[index])
+
+    def process(item) -> None:
+        if isinstance(item, Failed):
+            raise item.error
+        index, offered, prepared = item
+        started = time.perf_counter() - t0
+        step = odo.step(prepared, _stamp(index, period), behind=handover.waiting)
+        synchronize(device)
+        records.append(_step_record(step, first + index, offered, started, time.perf_counter() - t0,
+                                    sum(prepared.timings.values())))
+
+    handover = Handover(prepare, process, name="stream")
+    try:
+        for index in range(len(scans)):
+            wait = index * period - (time.perf_counter() - t0)
+            if wait > 0:
+                time.sleep(wait)  # the scan is "published" at its time
+            handover.offer((index, time.perf_counter() - t0), wait=not period)
+        handover.join()
+    finally:
+        handover.stop()
+    if len(records) + handover.dropped != len(scans):
+        raise RuntimeError(f"the hand-over lost scans: {len(records)} processed, {handover.dropped} dropped "
+                           f"of {len(scans)} (a step raised?)")
+    return records, handover.dropped
+
+
+def _stamp(index: int, period: float) -> float:
+    return index * period if period else index * 0.1
 
 
 def _stage_means(records: list[dict]) -> dict[str, float]:
@@ -120,11 +177,12 @@ def _stage_means(records: list[dict]) -> dict[str, float]:
     return {k: float(np.mean([r["stages"].get(k, 0.0) for r in records])) for k in names}
 
 
-def _step_record(step, index: int, arrival: float, started: float, finished: float) -> dict:
+def _step_record(step, index: int, arrival: float, started: float, finished: float, ahead_ms: float = 0.0) -> dict:
     step_ms = 1e3 * (finished - started)
-    # OdometryStep.timings sum to the step inside it; what is left (the final synchronisation) joins "rest".
+    # OdometryStep.timings sum to the step inside it and the preparation done ahead (``ahead_ms``, on
+    # the preparer thread); what is left (the final synchronisation) joins "rest".
     stages = dict(step.timings)
-    stages["rest"] = stages.get("rest", 0.0) + max(0.0, step_ms - sum(stages.values()))
+    stages["rest"] = stages.get("rest", 0.0) + max(0.0, step_ms + ahead_ms - sum(stages.values()))
     return {"index": index, "arrival_s": arrival, "latency_ms": 1e3 * (finished - arrival), "step_ms": step_ms,
             "trusted": bool(step.success), "event": step.event, "new_keyframe": bool(step.new_keyframe),
             "search": step.result.search if step.result is not None else None,
@@ -179,25 +237,8 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
 
     odo = KeyframeOdometry(registration, odometry, registrar=registrar)
-    stream = _Stream(count, args.rate)
-    period = 1.0 / args.rate if args.rate > 0 else 0.0
-    records: list[dict] = []
-    last, dropped = -1, 0
     t0 = time.perf_counter()
-    while (index := stream.next_index(last, time.perf_counter() - t0)) is not None:
-        wait = stream.arrival[index] - (time.perf_counter() - t0)
-        if wait > 0:
-            time.sleep(wait)  # the next scan has not been "published" yet
-        dropped += index - last - 1
-        started = time.perf_counter() - t0
-        newer = stream.arrival[index + 1] if period and index + 1 < count else math.inf  # the node's full slot
-        step = odo.step(scans[index], index * period if period else index * 0.1,
-                        behind=lambda newer=newer: time.perf_counter() - t0 >= newer)
-        synchronize(args.device)
-        finished = time.perf_counter() - t0
-        arrival = float(stream.arrival[index]) if args.rate > 0 else started
-        records.append(_step_record(step, first + index, arrival, started, finished))
-        last = index
+    records, dropped = (_stream_serial if args.serial else _stream_handover)(odo, scans, args.rate, args.device, first)
     duration = time.perf_counter() - t0
 
     latencies = [r["latency_ms"] for r in records]
@@ -209,6 +250,7 @@ def run(args: argparse.Namespace) -> dict:
         "points_per_scan_mean": float(np.mean([len(s) for s in scans])),
         "device": args.device, "device_name": _device_name(args.device), "torch": torch.__version__,
         "torch_threads": threads, "rate_hz": args.rate, "duration_s": duration,
+        "preparation": "on the worker, before each step (--serial)" if args.serial else "ahead, on a second thread",
         "processed": len(records), "dropped": dropped, "processed_rate_hz": len(records) / duration,
         "latency_ms": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95), "max": max(latencies)},
         "step_ms": {"p50": _percentile(steps, 50), "p95": _percentile(steps, 95), "max": max(steps)},

@@ -1,8 +1,10 @@
 """registration_node: online scan-to-keyframe alignment with SHM_DGR.
 
-The subscription callback only stores the newest scan in a one-slot buffer (a scan still waiting
+The subscription callback only offers the newest scan to a one-slot buffer (a scan still waiting
 there when a newer one arrives is dropped and counted), so the executor never blocks on
-registration; a worker thread registers scans and publishes. Trusted scans publish TF
+registration; a preparer thread converts the next scan and computes its voxels and features
+(``KeyframeOdometry.prepare``) while a worker thread registers the scan before it and publishes
+(s2h_ros.handover). Trusted scans publish TF
 (odom -> base_link, or odom -> sensor frame without a base frame), nav_msgs/Odometry with the
 registration's pose covariance and the twist, and a bounded nav_msgs/Path; every scan publishes
 s2h_ros/RegistrationResult and correspondence markers; each new keyframe goes out once as a
@@ -37,6 +39,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +58,8 @@ import torch
 
 from s2h_ros import geometry, stamps
 from s2h_ros.config import ConfigError, torch_cpu_threads
-from s2h_ros.odometry import KeyframeOdometry, OdometryStep
+from s2h_ros.handover import Failed, Handover
+from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
 from s2h_ros.pipeline import Registrar, RegistrationError
 from s2h_ros.pointcloud2 import PointCloud2Error
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
@@ -67,6 +71,18 @@ from s2h_ros.ros.tf import ExtrinsicLookup, TfPublisher
 
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                      history=HistoryPolicy.KEEP_LAST)
+@dataclass(eq=False)
+class _Scan:
+    """One received scan on its way from the preparer to the worker."""
+
+    msg: PointCloud2
+    received: float  # monotonic receipt time
+    scan_id: int
+    refusal: str | None = None  # why it is not registered (header, malformed message)
+    prepared: PreparedScan | None = None
+    error: BaseException | None = None  # a bug while preparing it
+
+
 # Odometry events after which the published poses are not continuous with the ones before.
 CONTINUITY_LOST = ("new_segment", "time_reset")
 
@@ -87,18 +103,15 @@ class RegistrationNode(Node):
         self._last_tf_ns: int | None = None  # stamp of the last TF sent (TF only goes forward in time)
         self._segment = 0  # the odometry's segment at the last scan it saw
 
-        # One-slot hand-over between the callback and the worker.
-        self._cv = threading.Condition()
-        self._pending: tuple[PointCloud2, float] | None = None  # (message, monotonic receipt time)
-        self._stop = False
         self.stats = {"received": 0, "processed": 0, "dropped": 0, "failed": 0, "bad_input": 0, "keyframes": 0,
                       "resets": 0}
+        self._lost_lock = threading.Lock()
         self._lost_since_diagnostics: list[str] = []  # "scan N: event" since the last diagnostics
         self._latencies = deque(maxlen=200)
         self._done_times = deque(maxlen=50)
-        self._scan_id = 0
-        self.worker = threading.Thread(target=self._work, name="s2h_registration", daemon=True)
-        self.worker.start()
+        self._scan_id = 0  # the preparer's: scans are numbered in the order they are taken
+        # The newest scan, prepared on one thread while the one before it is registered on another.
+        self.handover = Handover(self._prepare, self._answer, name="s2h_registration")
         # Wall-clock timer: diagnostics keep coming when a paused bag stops /clock.
         self.create_timer(float(p["diagnostics_period"]), self._publish_diagnostics,
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
@@ -129,55 +142,59 @@ class RegistrationNode(Node):
 
     # ------------------------------------------------------------------ callback side
     def _on_cloud(self, msg: PointCloud2) -> None:
-        with self._cv:
-            self.stats["received"] += 1
-            if self._pending is not None:
-                self.stats["dropped"] += 1
-            self._pending = (msg, time.monotonic())
-            self._cv.notify()
+        self.stats["received"] += 1
+        if self.handover.offer((msg, time.monotonic())):
+            self.stats["dropped"] += 1
 
     def stop(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        self.worker.join(timeout=30.0)
+        self.handover.stop(timeout=30.0)
+
+    # ------------------------------------------------------------------ preparer side
+    def _prepare(self, offered: tuple[PointCloud2, float]) -> _Scan:
+        """The scan's header checks, conversion and ``KeyframeOdometry.prepare``: what can be done
+        before the scan before it is registered (none of it reads the odometry's state)."""
+        msg, received = offered
+        scan = _Scan(msg, received, self._scan_id)
+        self._scan_id += 1
+        try:
+            scan.refusal = self._refusal(msg.header)
+            if scan.refusal is None:
+                xyz, _ = from_msg(msg)
+                scan.prepared = self.odometry.prepare(xyz)
+        except PointCloud2Error as exc:
+            scan.refusal = f"malformed PointCloud2: {exc}"
+        except Exception as exc:  # a bug: answered in order by the worker as an internal error
+            scan.error = exc
+        return scan
 
     # ------------------------------------------------------------------ worker side
-    def _work(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._pending is not None or self._stop)
-                if self._stop:
-                    return
-                (msg, received), self._pending = self._pending, None
-                scan_id = self._scan_id
-                self._scan_id += 1
-            try:
-                self._process(msg, received, scan_id)
-            except Exception as exc:  # a bug in one scan must not stop the node: answer it as failed
-                if not self.context.ok():  # shutting down: publishing fails, nobody listens
-                    return
-                self.stats["failed"] += 1
-                self._publish_failure(msg.header, scan_id, f"internal error: {type(exc).__name__}: {exc}",
-                                      log=self.get_logger().error)
+    def _answer(self, scan: _Scan | Failed) -> None:
+        """Register and publish one prepared scan; never raises (a bug in one scan must not stop
+        the node: it is answered as failed)."""
+        if isinstance(scan, Failed):  # the preparer itself failed (its own errors are in scan.error)
+            scan = _Scan(*scan.item, scan_id=-1, error=scan.error)
+        try:
+            if scan.error is not None:
+                raise scan.error
+            self._process(scan)
+        except Exception as exc:
+            if not self.context.ok():  # shutting down: publishing fails, nobody listens
+                return
+            self.stats["failed"] += 1
+            self._publish_failure(scan.msg.header, scan.scan_id, f"internal error: {type(exc).__name__}: {exc}",
+                                  log=self.get_logger().error)
 
-    def _process(self, msg: PointCloud2, received: float, scan_id: int) -> None:
+    def _process(self, scan: _Scan) -> None:
+        msg, scan_id, received = scan.msg, scan.scan_id, scan.received
         stamp = msg.header.stamp
         sensor_frame = msg.header.frame_id or "sensor"
-        refusal = self._refusal(msg.header)
-        if refusal is not None:
+        if scan.refusal is not None:
             self.stats["bad_input"] += 1
-            self._publish_failure(msg.header, scan_id, refusal)
-            return
-        try:
-            xyz, n_dropped = from_msg(msg)
-        except PointCloud2Error as exc:
-            self.stats["bad_input"] += 1
-            self._publish_failure(msg.header, scan_id, f"malformed PointCloud2: {exc}")
+            self._publish_failure(msg.header, scan_id, scan.refusal)
             return
         self._update_extrinsic(sensor_frame)
-        # A newer scan in the one-slot buffer: the odometry's global search is its quick try alone.
-        step = self.odometry.step(xyz, messages.stamp_to_sec(stamp), behind=lambda: self._pending is not None)
+        # A newer scan offered or prepared: the odometry's global search is its quick try alone.
+        step = self.odometry.step(scan.prepared, messages.stamp_to_sec(stamp), behind=self.handover.waiting)
         self.stats["processed"] += 1
         self._segment = step.segment
         self._note_event(step, scan_id)
@@ -217,7 +234,7 @@ class RegistrationNode(Node):
         """Log and count the odometry's continuity event; a time reset starts a new timeline."""
         if step.event in CONTINUITY_LOST:
             self.stats["resets"] += 1
-            with self._cv:
+            with self._lost_lock:
                 self._lost_since_diagnostics.append(f"scan {scan_id}: {step.event}")
             self.get_logger().error(f"scan {scan_id}: {step.event} (segment {step.segment}): {step.message}")
         elif step.event == "relocalised":
@@ -284,7 +301,7 @@ class RegistrationNode(Node):
         rate = 0.0
         if len(self._done_times) >= 2:
             rate = (len(self._done_times) - 1) / max(self._done_times[-1] - self._done_times[0], 1e-9)
-        with self._cv:
+        with self._lost_lock:
             lost, self._lost_since_diagnostics = self._lost_since_diagnostics, []
         level = DiagnosticStatus.OK
         text = "tracking"

@@ -1,0 +1,150 @@
+"""The newest-scan hand-over between a sensor and the odometry, in two stages on two threads (no ROS).
+
+A sensor offers scans at its rate; the odometry takes longer per scan than the sensor's period
+whenever it is behind. What it should register next is the newest scan, not the oldest, so scans
+wait in a one-slot buffer where a newer one replaces (drops) an older one. Registration has two
+halves: preparing a scan (voxels, FCGF features, the local map's copy: ``KeyframeOdometry.prepare``,
+which reads no odometry state) and registering it (``KeyframeOdometry.step``). Here they run on two
+threads: while the worker registers scan k, the preparer prepares the newest scan offered since,
+and then waits with it (one prepared scan at most), so the worker starts on a prepared scan as soon
+as it is free. A CPU's second core and a GPU's idle time while the CPU registers are used; the
+features of a scan that is then replaced by a newer one are never computed. The preparer starts
+*just in time*: when the worker is expected to finish (it started its item a typical processing
+time ago, the median of the last ones) less a typical preparation, so that it takes the newest
+scan offered by then, not the one offered right after the worker started (which would be a step
+older when registered).
+
+Measured on a development drive (HDL-64 world 1532, 80 scans, lock-step, 2-core VM, one torch
+thread): 3.5-3.8 scans/s one scan after the other, 4.2-5.0 with the preparation ahead.
+
+Written here rather than taken from a library: ``queue.Queue`` drops nothing and keeps the oldest
+first; this is the newest-wins slot, a second slot for the prepared scan, and the rule between them.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+# How many recent durations a typical preparation / processing time is the median of.
+TYPICAL_OF = 10
+
+
+@dataclass
+class Failed:
+    """What the preparer hands on when ``prepare`` raised: the offered item and the exception."""
+
+    item: Any
+    error: BaseException
+
+
+class Handover:
+    """``offer(item)`` from the sensor's side; ``prepare(item)`` runs on the preparer thread and
+    ``process(prepared)`` (a :class:`Failed` where ``prepare`` raised) on the worker thread, in the
+    order the items were taken. ``process`` must not raise: an exception there ends the worker."""
+
+    def __init__(self, prepare: Callable[[Any], Any], process: Callable[[Any], None], name: str = "handover") -> None:
+        self._prepare, self._process = prepare, process
+        self._cv = threading.Condition()
+        self._offered: Any = None  # the newest offered item not yet taken by the preparer
+        self._has_offered = False
+        self._ready: Any = None  # the prepared item waiting for the worker
+        self._has_ready = False
+        self._busy = 0  # items taken by the preparer and not yet processed
+        self._stop = False
+        self._processing_since: float | None = None  # monotonic start of the worker's item
+        self._durations = {"prepare": deque(maxlen=TYPICAL_OF), "process": deque(maxlen=TYPICAL_OF)}
+        self.offered = self.dropped = 0
+        self._threads = [threading.Thread(target=self._preparer, name=f"{name}_prepare", daemon=True),
+                         threading.Thread(target=self._worker, name=f"{name}_process", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    # ------------------------------------------------------------------ the sensor's side
+    def offer(self, item: Any, wait: bool = False) -> bool:
+        """Offer a new item; True when it replaced (dropped) one still waiting. ``wait``: block until
+        the slot is free instead (lock-step: every item, in order, none dropped)."""
+        with self._cv:
+            if wait:
+                self._cv.wait_for(lambda: not self._has_offered or self._stop)
+            replaced = self._has_offered
+            self._offered, self._has_offered = item, True
+            self.offered += 1
+            self.dropped += replaced
+            self._cv.notify_all()
+            return replaced
+
+    def waiting(self) -> bool:
+        """Whether an item newer than the one being processed waits (offered, being prepared or
+        prepared): what ``process`` asks to know that it is behind."""
+        with self._cv:
+            return self._has_offered or self._busy > 1
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every item offered so far is processed or dropped; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not (self._has_offered or self._busy), timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop both threads (an item being processed is finished first, up to ``timeout``)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+
+    # ------------------------------------------------------------------ the two threads
+    def _start_at(self) -> float:
+        """When the preparer should take the next item (monotonic): now when the worker is idle or
+        nothing is known yet, else when the worker is expected to finish less a typical preparation."""
+        if self._processing_since is None or not self._durations["process"] or not self._durations["prepare"]:
+            return 0.0
+        typical = {k: statistics.median(v) for k, v in self._durations.items()}
+        return self._processing_since + typical["process"] - typical["prepare"]
+
+    def _preparer(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    self._cv.wait_for(lambda: self._stop or (self._has_offered and not self._has_ready))
+                    if self._stop:
+                        return
+                    early = self._start_at() - time.monotonic()
+                    if early <= 0:
+                        break
+                    self._cv.wait(early)  # newer items may arrive meanwhile: the newest is taken
+                item, self._offered, self._has_offered = self._offered, None, False
+                self._busy += 1
+                self._cv.notify_all()  # a lock-step offer may go on
+            started = time.monotonic()
+            try:
+                prepared = self._prepare(item)
+            except BaseException as exc:  # handed on: the worker answers it in order
+                prepared = Failed(item, exc)
+            with self._cv:
+                self._durations["prepare"].append(time.monotonic() - started)
+                self._ready, self._has_ready = prepared, True
+                self._cv.notify_all()
+
+    def _worker(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._stop or self._has_ready)
+                if self._stop:
+                    return
+                prepared, self._ready, self._has_ready = self._ready, None, False
+                self._processing_since = time.monotonic()
+                self._cv.notify_all()  # the preparer may take the next item
+            try:
+                self._process(prepared)
+            finally:
+                with self._cv:
+                    self._durations["process"].append(time.monotonic() - self._processing_since)
+                    self._processing_since = None
+                    self._busy -= 1
+                    self._cv.notify_all()

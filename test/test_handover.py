@@ -1,0 +1,91 @@
+"""s2h_ros.handover: the newest-wins slot, preparation ahead on a second thread, order and drops."""
+from __future__ import annotations
+
+import threading
+import time
+
+from s2h_ros.handover import Failed, Handover
+
+
+class _Recorder:
+    """A process callable that can be held (to make the worker busy) and records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+        self.behind: list[bool] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+        self.handover: Handover | None = None
+
+    def __call__(self, item) -> None:
+        self.started.set()
+        self.gate.wait(10)
+        self.behind.append(self.handover.waiting())
+        self.seen.append(item)
+
+
+def _make(prepare=lambda x: ("prepared", x)):
+    rec = _Recorder()
+    handover = Handover(prepare, rec)
+    rec.handover = handover
+    return handover, rec
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.001)
+
+
+def test_every_item_offered_one_at_a_time_is_prepared_and_processed_in_order():
+    handover, rec = _make()
+    for i in range(20):
+        handover.offer(i, wait=True)
+    assert handover.join(10)
+    handover.stop()
+    assert rec.seen == [("prepared", i) for i in range(20)]
+    assert handover.dropped == 0
+
+
+def test_while_the_worker_is_busy_the_newest_item_is_prepared_ahead_and_older_ones_dropped():
+    prepared: list[int] = []
+    handover, rec = _make(lambda x: prepared.append(x) or x)
+    rec.gate.clear()
+    handover.offer(0)
+    rec.started.wait(10)  # the worker holds item 0
+    handover.offer(1)
+    _wait_for(lambda: prepared == [0, 1])  # item 1 prepared while 0 is processed
+    assert not handover.offer(2)  # the offered slot was empty: nothing dropped
+    assert handover.offer(3)  # 2 was still waiting: dropped, never prepared
+    assert handover.offer(4)
+    rec.gate.set()
+    assert handover.join(10)
+    handover.stop()
+    assert rec.seen == [0, 1, 4]
+    assert prepared == [0, 1, 4]
+    assert handover.dropped == 2
+    assert rec.behind == [True, True, False]  # a newer item waited while 0 and 1 were processed
+
+
+def test_a_failing_preparation_is_handed_on_in_order_and_the_next_items_go_on():
+    def prepare(x):
+        if x == 1:
+            raise ValueError("bad scan")
+        return x
+
+    handover, rec = _make(prepare)
+    for i in range(3):
+        handover.offer(i, wait=True)
+    assert handover.join(10)
+    handover.stop()
+    assert rec.seen[0] == 0 and rec.seen[2] == 2
+    failed = rec.seen[1]
+    assert isinstance(failed, Failed) and failed.item == 1 and str(failed.error) == "bad scan"
+
+
+def test_stop_ends_both_threads_even_with_nothing_offered():
+    handover, _ = _make()
+    handover.stop(timeout=5)
+    assert not any(t.is_alive() for t in handover._threads)
