@@ -14,14 +14,18 @@ time ago, the median of the last ones) less a typical preparation, so that it ta
 scan offered by then, not the one offered right after the worker started (which would be a step
 older when registered).
 
-Measured on a development drive (HDL-64 world 1532, 80 scans, lock-step, 2-core VM, one torch
-thread): 3.5-3.8 scans/s one scan after the other, 4.2-5.0 with the preparation ahead.
+``ahead=False`` prepares an item only once the worker is free: one scan at a time, as one thread
+would (registration_node's ``prepare_ahead``; ``s2h bench stream --no-prepare-ahead``). Measured
+on the 2-core VM at 10 Hz (docs/performance.md): in process, ahead takes 1.2-1.4x the scans per
+second; over DDS with the replayer on the same two cores 1.2x on a VLP-32 drive and 0.9x on an
+HDL-64 one (the second core is not free there); the latency grows by about 100 ms at p50.
 
 Written here rather than taken from a library: ``queue.Queue`` drops nothing and keeps the oldest
 first; this is the newest-wins slot, a second slot for the prepared scan, and the rule between them.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -48,8 +52,10 @@ class Handover:
     ``process(prepared)`` (a :class:`Failed` where ``prepare`` raised) on the worker thread, in the
     order the items were taken. ``process`` must not raise: an exception there ends the worker."""
 
-    def __init__(self, prepare: Callable[[Any], Any], process: Callable[[Any], None], name: str = "handover") -> None:
+    def __init__(self, prepare: Callable[[Any], Any], process: Callable[[Any], None], name: str = "handover",
+                 ahead: bool = True) -> None:
         self._prepare, self._process = prepare, process
+        self.ahead = ahead  # False: the preparer waits until the worker is free (one scan at a time)
         self._cv = threading.Condition()
         self._offered: Any = None  # the newest offered item not yet taken by the preparer
         self._has_offered = False
@@ -101,8 +107,13 @@ class Handover:
     # ------------------------------------------------------------------ the two threads
     def _start_at(self) -> float:
         """When the preparer should take the next item (monotonic): now when the worker is idle or
-        nothing is known yet, else when the worker is expected to finish less a typical preparation."""
-        if self._processing_since is None or not self._durations["process"] or not self._durations["prepare"]:
+        nothing is known yet, else when the worker is expected to finish less a typical preparation
+        (never while it works, without ``ahead``)."""
+        if self._processing_since is None:
+            return 0.0
+        if not self.ahead:
+            return math.inf
+        if not self._durations["process"] or not self._durations["prepare"]:
             return 0.0
         typical = {k: statistics.median(v) for k, v in self._durations.items()}
         return self._processing_since + typical["process"] - typical["prepare"]
@@ -117,7 +128,7 @@ class Handover:
                     early = self._start_at() - time.monotonic()
                     if early <= 0:
                         break
-                    self._cv.wait(early)  # newer items may arrive meanwhile: the newest is taken
+                    self._cv.wait(None if math.isinf(early) else early)  # the newest item by then is taken
                 item, self._offered, self._has_offered = self._offered, None, False
                 self._busy += 1
                 self._cv.notify_all()  # a lock-step offer may go on

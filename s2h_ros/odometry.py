@@ -230,9 +230,10 @@ class KeyframeOdometry:
              behind: Callable[[], bool] | None = None) -> OdometryStep:
         """One scan: ``points (N, 3+)`` or what ``prepare`` made of them, ``stamp`` in seconds.
         ``behind``: says, when asked, whether a newer scan is already waiting for this odometry (the
-        node's one-slot buffer is full); while it is, a global search is its quick first try alone
-        (module text, stage 3). Without it (lock-step callers), every search is a full one. The
-        step's timings include the preparation's (done here for points, earlier for a PreparedScan)."""
+        node: one is offered or prepared, s2h_ros.handover); while it is, a global search is its
+        quick first try alone (module text, stage 3). Without it (lock-step callers), every search
+        is a full one. The step's timings include the preparation's (done here for points, earlier
+        for a PreparedScan)."""
         t0 = time.perf_counter()
         self._behind = behind
         self._lost_since = None

@@ -89,3 +89,20 @@ def test_stop_ends_both_threads_even_with_nothing_offered():
     handover, _ = _make()
     handover.stop(timeout=5)
     assert not any(t.is_alive() for t in handover._threads)
+
+
+def test_without_ahead_nothing_is_prepared_while_the_worker_is_busy():
+    prepared: list[int] = []
+    rec = _Recorder()
+    handover = Handover(lambda x: prepared.append(x) or x, rec, ahead=False)
+    rec.handover = handover
+    rec.gate.clear()
+    handover.offer(0)
+    rec.started.wait(10)
+    handover.offer(1)
+    handover.offer(2)  # 1 dropped: still waiting, not prepared
+    assert not handover.join(0.05) and prepared == [0]
+    rec.gate.set()
+    assert handover.join(10)
+    handover.stop()
+    assert prepared == [0, 2] and rec.seen == [0, 2] and handover.dropped == 1

@@ -7,8 +7,8 @@ features, ``KeyframeOdometry.prepare``, while the worker registers the one befor
 ``KeyframeOdometry.step``). Every step is timed with the device synchronised
 (``torch.cuda.synchronize`` before the clock is read), so no GPU work is in flight when a latency
 is taken. ``--rate 0`` is lock-step: every scan, in order, offered as soon as the one before has
-been taken, as fast as the odometry goes. ``--serial`` prepares each scan on the worker, right
-before its step (the node before the hand-over; the same run's baseline).
+been taken, as fast as the odometry goes. ``--no-prepare-ahead`` prepares a scan only once the
+odometry is free (one scan at a time: the same run's baseline).
 
 Reported: processed rate, scans dropped, latency from a scan being offered to its pose (p50 / p95 /
 max), the worker's step time, the mean time per stage and scan (``OdometryStep.timings``: the
@@ -30,7 +30,6 @@ drive of ``--sensor`` / ``--seed`` / ``--frames`` written under ``--cache`` (nee
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import resource
 import time
@@ -62,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="config override, e.g. odometry.map_keyframes=0 or registration.prior_max_points=4000")
     parser.add_argument("--cache", type=Path, default=Path("results/bench_stream"), help="simulated drives go here")
     parser.add_argument("--no-kiss-icp", action="store_true", help="skip KISS-ICP on the same scans")
-    parser.add_argument("--serial", action="store_true",
-                        help="prepare each scan on the worker right before its step (no preparation ahead)")
+    parser.add_argument("--no-prepare-ahead", action="store_true",
+                        help="prepare a scan only once the odometry is free (registration_node's prepare_ahead: false)")
 
 
 def _configs(args: argparse.Namespace):
@@ -103,34 +102,10 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _stream_serial(odo, scans: list[np.ndarray], rate: float, device: str, first: int) -> tuple[list[dict], int]:
-    """``--serial``: one thread; whenever the odometry is free it takes the newest scan offered (lock-step:
-    the next) and prepares it in its step. Records and the number of scans dropped."""
-
-    count, period = len(scans), (1.0 / rate if rate > 0 else 0.0)
-    records: list[dict] = []
-    last, dropped = -1, 0
-    t0 = time.perf_counter()
-    while last + 1 < count:
-        now = time.perf_counter() - t0
-        index = last + 1 if not period else max(last + 1, min(count - 1, int(np.floor(now * rate + 1e-9))))
-        wait = index * period - now
-        if wait > 0:
-            time.sleep(wait)  # the next scan has not been "published" yet
-        dropped += index - last - 1
-        started = time.perf_counter() - t0
-        newer = (index + 1) * period if period and index + 1 < count else math.inf  # the node's full slot
-        step = odo.step(scans[index], _stamp(index, period), behind=lambda newer=newer: time.perf_counter() - t0 >= newer)
-        synchronize(device)
-        finished = time.perf_counter() - t0
-        records.append(_step_record(step, first + index, index * period if period else started, started, finished))
-        last = index
-    return records, dropped
-
-
-def _stream_handover(odo, scans: list[np.ndarray], rate: float, device: str, first: int) -> tuple[list[dict], int]:
+def _stream(odo, scans: list[np.ndarray], rate: float, device: str, first: int, ahead: bool) -> tuple[list[dict], int]:
     """The node's way (``s2h_ros.handover``): scans offered at their time (lock-step: as soon as the
-    one before is taken), prepared ahead on one thread, registered on another."""
+    one before is taken), prepared on one thread (``ahead``: while the one before is registered),
+    registered on another. Records and the number of scans dropped."""
     from s2h_ros.handover import Failed, Handover
 
     period = 1.0 / rate if rate > 0 else 0.0
@@ -151,7 +126,7 @@ def _stream_handover(odo, scans: list[np.ndarray], rate: float, device: str, fir
         records.append(_step_record(step, first + index, offered, started, time.perf_counter() - t0,
                                     sum(prepared.timings.values())))
 
-    handover = Handover(prepare, process, name="stream")
+    handover = Handover(prepare, process, name="stream", ahead=ahead)
     try:
         for index in range(len(scans)):
             wait = index * period - (time.perf_counter() - t0)
@@ -238,7 +213,7 @@ def run(args: argparse.Namespace) -> dict:
 
     odo = KeyframeOdometry(registration, odometry, registrar=registrar)
     t0 = time.perf_counter()
-    records, dropped = (_stream_serial if args.serial else _stream_handover)(odo, scans, args.rate, args.device, first)
+    records, dropped = _stream(odo, scans, args.rate, args.device, first, ahead=not args.no_prepare_ahead)
     duration = time.perf_counter() - t0
 
     latencies = [r["latency_ms"] for r in records]
@@ -250,7 +225,7 @@ def run(args: argparse.Namespace) -> dict:
         "points_per_scan_mean": float(np.mean([len(s) for s in scans])),
         "device": args.device, "device_name": _device_name(args.device), "torch": torch.__version__,
         "torch_threads": threads, "rate_hz": args.rate, "duration_s": duration,
-        "preparation": "on the worker, before each step (--serial)" if args.serial else "ahead, on a second thread",
+        "prepare_ahead": not args.no_prepare_ahead,
         "processed": len(records), "dropped": dropped, "processed_rate_hz": len(records) / duration,
         "latency_ms": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95), "max": max(latencies)},
         "step_ms": {"p50": _percentile(steps, 50), "p95": _percentile(steps, 95), "max": max(steps)},

@@ -72,6 +72,10 @@ NODE_PARAMETERS: tuple[ParamSpec, ...] = (
               read_only=False),
     ParamSpec("path_max_length", 1000, "most poses kept in the published ~/path (oldest dropped)", (1, 1_000_000)),
     ParamSpec("diagnostics_period", 1.0, "seconds between diagnostics messages", (0.05, 3600.0)),
+    ParamSpec("prepare_ahead", True, "prepare the next scan (voxels, features) on a second thread while the one before "
+              "is registered (s2h_ros.handover); false: one scan at a time, about 100 ms less latency (2-core VM at 10 Hz: "
+              "in process 1.2-1.4x the scans ahead; over DDS with the replayer on the same cores 1.2x on a VLP-32 drive, "
+              "0.9x on an HDL-64 one; docs/performance.md)"),
     ParamSpec("cpu_threads", 0, "torch CPU threads; 0: with device cpu all cores but one (at least 1), which "
               "stays free for the executor and DDS (2-core VM, 64-beam stream at 10 Hz: 1 thread answered 123 scans, "
               "latency p50 340 ms; 2 threads 69 scans, 766 ms: OpenMP threads stall when a core is taken); with a GPU device 1 (H200: step p50 200 -> 152 ms, "

@@ -111,7 +111,7 @@ class RegistrationNode(Node):
         self._done_times = deque(maxlen=50)
         self._scan_id = 0  # the preparer's: scans are numbered in the order they are taken
         # The newest scan, prepared on one thread while the one before it is registered on another.
-        self.handover = Handover(self._prepare, self._answer, name="s2h_registration")
+        self.handover = Handover(self._prepare, self._answer, name="s2h_registration", ahead=bool(p["prepare_ahead"]))
         # Wall-clock timer: diagnostics keep coming when a paused bag stops /clock.
         self.create_timer(float(p["diagnostics_period"]), self._publish_diagnostics,
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
