@@ -71,6 +71,8 @@ from s2h_ros.ros.tf import ExtrinsicLookup, TfPublisher
 
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                      history=HistoryPolicy.KEEP_LAST)
+
+
 @dataclass(eq=False)
 class _Scan:
     """One received scan on its way from the preparer to the worker."""
@@ -152,7 +154,7 @@ class RegistrationNode(Node):
     # ------------------------------------------------------------------ preparer side
     def _prepare(self, offered: tuple[PointCloud2, float]) -> _Scan:
         """The scan's header checks, conversion and ``KeyframeOdometry.prepare``: what can be done
-        before the scan before it is registered (none of it reads the odometry's state)."""
+        while the scan before it is registered (none of it reads the odometry's state)."""
         msg, received = offered
         scan = _Scan(msg, received, self._scan_id)
         self._scan_id += 1
