@@ -1,5 +1,6 @@
 """The pair's fine stage (RegistrationConfig.fine_voxel): generalized ICP on the input points after
-the refinement, a polish bounded by the agreement tolerance, on real RAW KITTI scans."""
+the refinement, a polish bounded by the agreement tolerance, on real RAW KITTI and Newer College
+Ouster scans."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,9 @@ from s2h_ros import geometry, pipeline
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.pipeline import Registrar, fine_registration, refine_icp
 
-RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+RAW_KITTI = DATA / "kitti" / "raw_00"
+NEWER_COLLEGE = DATA / "newer_college_os1_64"
 
 
 def _raw(i: int) -> np.ndarray:
@@ -100,3 +103,17 @@ def _copy(result, transform):
     import dataclasses
 
     return dataclasses.replace(result, transform=transform.copy(), fine=None, timings=dict(result.timings))
+
+
+def test_the_fine_stage_closes_a_cycle_of_real_deskewed_ouster_scans_tighter():
+    """Newer College OS1-64 (handheld, deskewed, no ground truth): 0 -> 1 -> 2 -> 0 composed from
+    three registrations should be the identity; with the fine stage it is nearer (here 0.15 deg /
+    3.6 cm against 0.47 deg / 5.0 cm)."""
+    scans = [np.fromfile(NEWER_COLLEGE / f"deskewed_0{i}.bin", np.float32).reshape(-1, 3) for i in range(3)]
+    cycle = {}
+    for name, config in (("fine", RegistrationConfig()), ("without", RegistrationConfig(fine_voxel=0.0))):
+        registrar = Registrar(config)
+        t01, t12, t02 = (registrar.register(scans[a], scans[b]).transform for a, b in ((0, 1), (1, 2), (0, 2)))
+        cycle[name] = geometry.transform_errors(np.linalg.inv(t02) @ t12 @ t01, np.eye(4))
+    assert cycle["fine"][0] < 0.3 and cycle["fine"][0] < cycle["without"][0] / 2, cycle
+    assert cycle["fine"][1] < cycle["without"][1], cycle
