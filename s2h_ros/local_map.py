@@ -98,11 +98,6 @@ class LocalMap:
             return Refinement(pose, False, "the local map is empty", 0.0, 0.0, 0.0)
         xyz, normals = self.points()
         refined = refine_icp(scan, xyz, pose, self.icp, normals)
-        turn, move = geometry.transform_errors(refined, pose)
-        message = ""
-        if move >= max_move_m or turn >= max_turn_deg:
-            message = (f"the refinement against the local map moved the trusted pose {move:.2f} m / {turn:.1f} deg "
-                       f"(more than {max_move_m:.2f} m / {max_turn_deg:.1f} deg): not used")
-        used = not message
-        return Refinement(refined if used else pose, used, message, float(move), float(turn),
-                          1e3 * (time.perf_counter() - t0))
+        return Refinement.bounded(pose, refined, max_move_m, max_turn_deg,
+                                  "the refinement against the local map moved the trusted pose",
+                                  1e3 * (time.perf_counter() - t0))

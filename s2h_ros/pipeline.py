@@ -122,6 +122,18 @@ class Refinement:
     moved_deg: float  # and by how much it turned it
     ms: float
 
+    @classmethod
+    def bounded(cls, given: np.ndarray, refined: np.ndarray, max_move_m: float, max_turn_deg: float,
+                what: str, ms: float) -> "Refinement":
+        """``refined`` (4, 4) used in place of ``given`` when it moves it by less than ``max_move_m``
+        and ``max_turn_deg``; else ``given`` stands and the message names ``what`` moved how far."""
+        turn, move = geometry.transform_errors(refined, given)
+        message = ""
+        if move >= max_move_m or turn >= max_turn_deg:
+            message = (f"{what} {move:.2f} m / {turn:.1f} deg (more than {max_move_m:.2f} m / "
+                       f"{max_turn_deg:.1f} deg): not used")
+        return cls(given if message else refined, not message, message, float(move), float(turn), ms)
+
     def to_dict(self) -> dict:
         return {"used": self.used, "message": self.message, "moved_m": self.moved_m, "moved_deg": self.moved_deg,
                 "ms": self.ms}
@@ -433,10 +445,11 @@ class Registrar:
         """
         cfg = self.config
         t_start = time.perf_counter()
+        names = ("source", "target")
         inputs = [given if isinstance(given, PreparedCloud) else check_cloud(name, given, cfg.voxel_size)
-                  for given, name in ((source, "source"), (target, "target"))]
+                  for given, name in zip((source, target), names)]
         src, tgt = (given if isinstance(given, PreparedCloud) else self.prepare(given, name)
-                    for given, name in zip(inputs, ("source", "target")))
+                    for given, name in zip(inputs, names))
         timer = _Timer()
         # Stage times of freshly prepared clouds count towards this call; cached ones cost nothing.
         for prepared, given in ((src, source), (tgt, target)):
@@ -685,18 +698,13 @@ class Registrar:
         if cfg.refine != "icp" or not 0 < cfg.fine_voxel < cfg.voxel_size:
             return result
         t0 = time.perf_counter()
-        start = geometry.shift_transform(result.transform, -source.origin, -target.origin)
+        start = geometry.shift_transform(result.transform, -source.origin, -target.origin)  # local frames
         with _Timer(result.timings).stage("fine"):
             polished = fine_registration(source.xyz, target.xyz, start, cfg)
-        turn, move = geometry.transform_errors(polished, start)
-        message = ""
-        if move >= cfg.inlier_distance / 2 or turn >= FINE_MAX_TURN_DEG:
-            message = (f"the fine stage moved the result {move:.2f} m / {turn:.1f} deg (more than "
-                       f"{cfg.inlier_distance / 2:.2f} m / {FINE_MAX_TURN_DEG:.0f} deg): not used")
-        else:
-            result.transform = geometry.shift_transform(polished, source.origin, target.origin)
-        result.fine = Refinement(result.transform, not message, message, float(move), float(turn),
-                                 1e3 * (time.perf_counter() - t0))
+        fine = Refinement.bounded(start, polished, cfg.inlier_distance / 2, FINE_MAX_TURN_DEG,
+                                  "the fine stage moved the result", 1e3 * (time.perf_counter() - t0))
+        result.transform = geometry.shift_transform(fine.pose, source.origin, target.origin)
+        result.fine = dataclasses.replace(fine, pose=result.transform)
         return result
 
     def _verified_result(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarray,

@@ -152,7 +152,7 @@ def _stage_means(records: list[dict]) -> dict[str, float]:
     return {k: float(np.mean([r["stages"].get(k, 0.0) for r in records])) for k in names}
 
 
-def _step_record(step, index: int, arrival: float, started: float, finished: float, ahead_ms: float = 0.0) -> dict:
+def _step_record(step, index: int, arrival: float, started: float, finished: float, ahead_ms: float) -> dict:
     step_ms = 1e3 * (finished - started)
     # OdometryStep.timings sum to the step inside it and the preparation done ahead (``ahead_ms``, on
     # the preparer thread); what is left (the final synchronisation) joins "rest".
