@@ -43,6 +43,7 @@ from s2h_ros.datasets.io import points_shape_problem
 from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence, surface_planarity,
                                  weakest_direction)
 from s2h_ros.repetition import Repetition, repetition
+from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
@@ -661,7 +662,7 @@ class Registrar:
 
     def _robust(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, init: np.ndarray | None,
                 timer: _Timer, reason: str) -> _Hypothesis:
-        """DGR's safeguard: the transform of ``hyp``'s matches by RANSAC (Open3D), or the motion
+        """DGR's safeguard: the transform of ``hyp``'s matches by RANSAC (s2h_ros.ransac), or the motion
         prior when fewer than 3 matches exist; ``reason`` is recorded as the result's ``fallback``."""
         hyp = dataclasses.replace(hyp, fallback=reason, deferred=False)
         with timer.stage("ransac"):
@@ -902,26 +903,9 @@ def match_features(
 
 
 def ransac_on_correspondences(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
-    """DGR's safeguard: RANSAC over the given correspondences (Open3D), 4x4 float64."""
-    import open3d as o3d
-
-    reg = o3d.pipelines.registration
-    o3d.utility.random.seed(cfg.seed)
-    ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
-    pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
-    corr = o3d.utility.Vector2iVector(pairs.astype(np.int32))
-    dist = cfg.inlier_distance
-    res = reg.registration_ransac_based_on_correspondence(
-        ps,
-        pt,
-        corr,
-        dist,
-        reg.TransformationEstimationPointToPoint(False),
-        3,
-        [reg.CorrespondenceCheckerBasedOnEdgeLength(0.9), reg.CorrespondenceCheckerBasedOnDistance(dist)],
-        reg.RANSACConvergenceCriteria(cfg.ransac_iters, 0.999),
-    )
-    return np.asarray(res.transformation, dtype=np.float64)
+    """DGR's safeguard: RANSAC over the ``(K >= 3, 2)`` correspondences ``pairs`` into ``src (N, 3)``
+    and ``tgt (M, 3)`` (s2h_ros.ransac: reproducible for a seed, on the config's device), 4x4 float64."""
+    return ransac(src, tgt, pairs, cfg.inlier_distance, cfg.ransac_iters, cfg.seed, cfg.device).transform
 
 
 # Neighbourhood of a normal for point-to-plane ICP: the 30 nearest voxels within this many voxel

@@ -2,7 +2,8 @@
 trusted, and a gap is counted in scans as well as in seconds. The scans are those of the 10-minute
 soak's wrong relocalisation (docs/reliability.md, finding 2): the curved 64-beam drive of the
 held-out world 12, every scan (10 Hz), where drive scan 61 registered globally against a keyframe
-at scan 44 gave a RANSAC consensus of 31 of 4000 matches, fitness 0.56, 1.49 m / 3.4 deg off."""
+at scan 44 gave Open3D's RANSAC a consensus of 31 of 4000 matches, fitness 0.56, 1.49 m / 3.4 deg
+off (s2h_ros.ransac finds the truth there: the tests below make the wrong result themselves)."""
 from __future__ import annotations
 
 import numpy as np
@@ -44,18 +45,68 @@ def _truth(seq, a: int, b: int) -> np.ndarray:
     return geometry.invert_transform(seq.poses[a]) @ seq.poses[b]
 
 
-def test_a_global_result_found_once_is_not_trusted(soak_drive, as_given):
-    """No motion prior yet (the keyframe is the first scan): the global search alone decides, and
-    its chance consensus is not found again by RANSAC with another seed on the same matches."""
+def _moved(result, by: np.ndarray):
+    """A copy of ``result`` whose transform is moved by ``by`` (its matches and verdict kept)."""
+    import dataclasses
+
+    return dataclasses.replace(result, transform=result.transform @ by, timings=dict(result.timings))
+
+
+WRONG = geometry.make_transform(geometry.yaw_transform(3.4)[:3, :3], np.array([1.2, -0.9, 0.0]))  # 1.5 m / 3.4 deg
+
+
+def test_a_global_result_another_seed_does_not_land_on_is_not_trusted(soak_drive, as_given):
+    """No motion prior yet (the keyframe is the first scan): the global search alone decides. The
+    soak's wrong pose (1.49 m / 3.4 deg off, 31 of 4000 matches) was Open3D's RANSAC's; with
+    s2h_ros.ransac the search finds this pair's truth, so the wrong result is made here: the
+    global result moved 1.5 m / 3.4 deg, its matches and verdict kept. RANSAC with another seed on
+    those matches lands on the truth instead: not trusted. The global result itself is."""
     odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=as_given)
     assert odo.step(soak_drive[44].points, 4.4).success
-    step = odo.step(soak_drive[61].points, 6.1)
-    assert not step.success and step.pose is None
-    assert step.message.startswith("not reproduced: RANSAC with another seed on the same"), step.message
-    # What was refused is the soak's wrong pose, not a right one.
-    te = geometry.transform_errors(step.result.transform, _truth(soak_drive, 44, 61))[1]
-    assert te > 1.0, te
-    assert "reproduce" in step.result.timings
+    scan = as_given.prepare(soak_drive[61].points)
+    found = as_given.register(scan, odo.keyframe, search="global")
+    truth = _truth(soak_drive, 44, 61)
+    assert found.success and geometry.transform_errors(found.transform, truth)[1] < 0.1, found.message
+    wrong = odo._reproduced(scan, odo.keyframe, _moved(found, WRONG))
+    assert not wrong.success
+    assert wrong.message.startswith("not reproduced: RANSAC with another seed on the same"), wrong.message
+    assert "lands 1.5" in wrong.message and "reproduce" in wrong.timings
+    assert odo._reproduced(scan, odo.keyframe, found).success
+
+
+def test_a_reproduction_whose_own_hypothesis_is_refused_tries_the_next_seed():
+    """Held-out OS1-64 highway (world 48), scans 0.2 s apart, the first weights: the global search
+    finds the truth (4.7 m on), and RANSAC with the next seed lands on the ground rings' zero-motion
+    slide, which its verification refuses as degenerate. That refusal is no evidence against the
+    truth: the next seeds try, without the matches the refused slide explains, and one lands on
+    the truth. With one seed the drive never tracked (scans 2-30 refused); with three it tracks
+    from scan 8 on, every trusted step within 0.1 m."""
+    from conftest import FIRST_WEIGHTS
+
+    from s2h_ros import odometry
+    from s2h_ros.datasets.synthetic import simulate_sequence
+    from s2h_ros.pipeline import Registrar
+
+    seq = simulate_sequence(n_frames=40, seed=48, sensor="os1_64", family="highway")
+    registrar = Registrar(RegistrationConfig(weights=str(FIRST_WEIGHTS)))
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    runs = []
+    original = odo._ransac_again
+    odo._ransac_again = lambda *args: runs.append(original(*args)) or runs[-1]
+    trusted = []
+    last = None
+    for i in range(0, 16, 2):
+        step = odo.step(seq[i].points, float(seq.stamps[i]))
+        if step.success and last is not None and last[2] == step.segment and not step.event:
+            trusted.append(geometry.transform_errors(geometry.invert_transform(last[1]) @ step.pose,
+                                                     _truth(seq, last[0], i))[1])
+        if step.success:
+            last = (i, step.pose, step.segment)
+    assert len(trusted) >= 3 and max(trusted) < 0.1, trusted
+    refused = [r for r in runs if not r.success]
+    assert refused and all(r.message.startswith("degenerate") for r in refused), [r.message for r in refused]
+    assert any(r.success for r in runs)
+    assert len(runs) <= odometry.REPRODUCTION_SEEDS * 8
 
 
 @pytest.mark.parametrize("keyframe,scan", [(31, 44), (44, 61)])
@@ -73,16 +124,33 @@ def test_a_right_global_result_is_reproduced_and_trusted(soak_drive, registrar, 
     assert (step.result.heading_deg != 0.0) == (scan == 61)
 
 
-def test_a_relocalisation_after_lost_tracking_must_be_reproduced_too(soak_drive, as_given):
+def test_a_relocalisation_after_lost_tracking_is_reproduced_before_it_is_trusted(soak_drive, as_given):
     """Tracking lost (max_failures 1) against a current keyframe the scan does not overlap (drive
-    scan 0, 57 m back), with the scan-44 keyframe kept: relocalising against it finds the same
-    chance consensus, which is refused, and a new segment starts instead of a trusted wrong pose."""
+    scan 0, 57 m back), with the scan-44 keyframe kept: the relocalisation against it is a global
+    result nothing confirms, trusted (within 0.1 m) only because RANSAC with another seed lands on
+    it again. When that run lands 1.5 m away instead, a new segment starts, not a trusted pose."""
+    truth = _truth(soak_drive, 44, 61)
+
+    def lost_at_61(odo):
+        assert odo.step(soak_drive[44].points, 4.4).success
+        far = as_given.prepare(soak_drive[0].points)
+        odo._add_keyframe(far, odo.local_map.scan(soak_drive[0].points), _truth(soak_drive, 44, 0), 4.4,
+                          np.zeros((6, 6)))  # kept 44, current 0
+        return odo.step(soak_drive[61].points, 6.1)
+
     odo = KeyframeOdometry(odometry=OdometryConfig(max_failures=1), registrar=as_given)
-    assert odo.step(soak_drive[44].points, 4.4).success
-    far = as_given.prepare(soak_drive[0].points)
-    odo._add_keyframe(far, odo.local_map.scan(soak_drive[0].points), _truth(soak_drive, 44, 0), 4.4,
-                      np.zeros((6, 6)))  # kept 44, current 0
-    lost = odo.step(soak_drive[61].points, 6.1)
+    runs = []
+    original = odo._ransac_again
+    odo._ransac_again = lambda *args: runs.append(original(*args)) or runs[-1]
+    found = lost_at_61(odo)
+    assert found.success and found.event == "relocalised", (found.event, found.message)
+    assert geometry.transform_errors(found.T_keyframe_scan, truth)[1] < 0.1
+    assert runs and runs[-1].success
+
+    elsewhere = KeyframeOdometry(odometry=OdometryConfig(max_failures=1), registrar=as_given)
+    original = elsewhere._ransac_again
+    elsewhere._ransac_again = lambda *args: _moved(original(*args), WRONG)
+    lost = lost_at_61(elsewhere)
     assert not lost.success and lost.event == "new_segment", (lost.event, lost.message)
     assert lost.message.startswith("tracking lost (") and "no kept keyframe matches" in lost.message
     assert lost.segment == 1 and lost.pose is None

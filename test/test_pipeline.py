@@ -296,15 +296,20 @@ def test_icp_stopping_at_the_tolerance_lands_where_every_iteration_lands_on_real
 def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted():
     """Held-out world 31, Livox (70 deg rosette), a pair 15.6 m apart turned by 179 deg: the global
     search lands at zero motion, where the sensor's ground pattern aligns with itself (fitness
-    0.51 >= min_fitness, TE 15.4 m). Off the ground only 0.38 of the voxels fit: not trusted. The
-    same search without this test, the slide evidence and the repetition test trusts the wrong pose."""
+    0.51 >= min_fitness, TE 15.4 m). Its 17 inliers refuse it by default (with Open3D's RANSAC
+    it had enough); at ``min_inliers`` 10 three more tests refuse it, each on its own: off the
+    ground only 0.38 of the voxels fit, the slide evidence, the repetition test. Without them the
+    same search trusts the wrong pose."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
     from s2h_ros.pipeline import structure_fitness
 
     pair = list(turned_pairs(synthetic_pairs(8, 31, sensor="livox"), 0.0, 180.0, 31))[7]
-    reg = Registrar(RegistrationConfig())
-    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    default = Registrar(RegistrationConfig())
+    src, tgt = default.prepare(pair.source), default.prepare(pair.target)
+    refused = default.register(src, tgt)
+    assert not refused.success and refused.message.startswith("not trusted: 17 inlier"), refused.message
+    reg = Registrar(RegistrationConfig(min_inliers=10))
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert te > 10.0 and result.fitness >= 0.5  # wrong, and the overall fitness would pass
@@ -313,7 +318,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted():
     # clearly better elsewhere along it.
     assert not result.success and result.message.startswith("degenerate: a slide along"), result.message
     assert result.slide.gain >= reg.config.slide_margin
-    no_slide = RegistrationConfig(weak_constraint=0.0)
+    no_slide = reg.config.replace(weak_constraint=0.0)
     off_ground = Registrar(no_slide).register(src, tgt)
     assert not off_ground.success and "off the ground" in off_ground.message, off_ground.message
     unchecked = Registrar(no_slide.replace(min_structure_fitness=0.0, max_repetition=0.0)).register(src, tgt)

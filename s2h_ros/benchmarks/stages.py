@@ -2,8 +2,9 @@
 
 The node's latency per scan is the sum of stages that run where ``device`` says (voxelise +
 FCGF features, the S2H search with the global feature k-NN or the tracking support from the
-motion prior, the extra features of each heading hypothesis) and stages that always run on the
-CPU (Open3D normals of a new keyframe, the RANSAC safeguard, verification, and Open3D's
+motion prior, the extra features of each heading hypothesis, the RANSAC safeguard on the global
+matches: s2h_ros.ransac) and stages that always run on the
+CPU (Open3D normals of a new keyframe, verification, and Open3D's
 point-to-plane ICP: with a GPU the odometry runs ICP on the device instead, ``s2h_ros.icp``,
 ``icp_backend: auto``; ``s2h bench stream`` times the whole step there).
 This bench times the first group on each device in ``--devices`` (default: cpu, and cuda when
@@ -72,7 +73,7 @@ def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: 
     """Median ms per consecutive pair of the stages that run on ``device``."""
     from s2h_ros.config import RegistrationConfig
     from s2h_ros.matching import prior_support
-    from s2h_ros.pipeline import Registrar, match_features
+    from s2h_ros.pipeline import Registrar, match_features, ransac_on_correspondences
 
     cfg = RegistrationConfig(device=device, voxel_size=voxel, features="fcgf")
     reg = Registrar(cfg)
@@ -85,6 +86,7 @@ def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: 
         src, tgt = prepared[i + 1], prepared[i]
         predicted = src.xyz.astype(np.float64)  # identity prior: consecutive scans
         tree = tgt.kdtree()
+        pairs, _, _ = match_features(src.features, tgt.features, cfg, "fcgf")
         rows.append({
             "voxels": int(len(src.xyz)),
             "features": _median_ms(lambda: reg.prepare(scans[i + 1]), dev, repeats),
@@ -95,6 +97,7 @@ def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: 
                 src.features, tgt.features, cfg, "fcgf",
                 prior_support(predicted, tree, src.features, tgt.features, cfg.prior_radius, cfg.k)), dev, repeats),
             "heading_features": _median_ms(lambda: reg.turned_features(src, 90.0), dev, repeats),
+            "ransac": _median_ms(lambda: ransac_on_correspondences(src.xyz, tgt.xyz, pairs, cfg), dev, repeats),
         })
     keys = [k for k in rows[0] if k != "voxels"]
     out = {k: statistics.median(r[k] for r in rows) for k in keys}
@@ -108,7 +111,8 @@ def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: 
 
 
 def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | None:
-    """Median ms of the Open3D stages (CPU whatever the device), or None without Open3D."""
+    """Median ms of the Open3D stages (CPU whatever the device), or None without Open3D; the ICP's
+    start is the RANSAC safeguard's transform."""
     try:
         import open3d  # noqa: F401
     except ImportError:
@@ -127,8 +131,6 @@ def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | N
         normals = estimate_normals(tgt.xyz, voxel)
         rows.append({
             "keyframe_normals": _median_ms(lambda: estimate_normals(tgt.xyz, voxel), torch.device("cpu"), repeats),
-            "ransac": _median_ms(lambda: ransac_on_correspondences(src.xyz, tgt.xyz, pairs, cfg),
-                                 torch.device("cpu"), repeats),
             "icp": _median_ms(lambda: refine_icp(src.xyz, tgt.xyz, T, cfg, normals), torch.device("cpu"), repeats),
             "verify": _median_ms(lambda: verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.kdtree()),
                                  torch.device("cpu"), repeats),

@@ -19,14 +19,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from s2h_ros.config import RegistrationConfig
 from s2h_ros.geometry import apply_transform
+from s2h_ros.ransac import ransac
 from s2h_ros.sparse import SparseTensor
 from s2h_ros.sparse.quantize import sparse_quantize
 from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
 from s2h_ros.training.loop import unwrap
 from s2h_ros.training.validation import (
-    correspondence_residuals, ground_truth_partner, hypothesis_registration, nearest_feature, summarize,
+    correspondence_residuals, ground_truth_partner, nearest_feature, summarize,
 )
 
 POSITIVE_RADIUS_VOXELS = 1.5  # FCGF KITTI: positives within 1.5 voxels
@@ -138,7 +140,7 @@ class FCGFTask:
 
     @torch.no_grad()
     def validate(self, pairs: list[CachedPair]) -> dict[str, float]:
-        """Mean NN inlier ratio, feature-match recall (ratio > 5 %), and batched-RANSAC recall/RE/TE."""
+        """Mean NN inlier ratio, feature-match recall (ratio > 5 %), and RANSAC (s2h_ros.ransac) recall/RE/TE."""
         ratios, T_preds, T_gts = [], [], []
         for n, pair in enumerate(pairs):
             rng = np.random.default_rng([n, 7])
@@ -148,7 +150,10 @@ class FCGFTask:
             j = nearest_feature(f0, f1)
             inlier = correspondence_residuals(xyz0, xyz1[j], pair.T_gt) < 2.0 * self.voxel
             ratios.append(float(inlier.float().mean()))
-            T_preds.append(hypothesis_registration(xyz0, xyz1[j], 2.0 * self.voxel, rng))
+            matched = np.arange(len(j))
+            T_preds.append(ransac(xyz0.cpu().numpy(), xyz1[j].cpu().numpy(), np.stack([matched, matched], 1),
+                                  2.0 * self.voxel, RegistrationConfig().ransac_iters, int(rng.integers(2**31)),
+                                  self.device).transform)
             T_gts.append(pair.T_gt)
         ratios_a = np.asarray(ratios)
         return {"inlier_ratio": float(ratios_a.mean()), "fmr": float(np.mean(ratios_a > 0.05)),

@@ -1,10 +1,6 @@
-"""Validation metrics computed with torch alone (the training machine may have no Open3D).
-
-``hypothesis_registration`` is a small batched RANSAC over given correspondences: minimal
-3-point hypotheses solved by the (batched) weighted Procrustes, scored by inlier count, best one
-refit on its inliers. It is written here because Open3D's RANSAC, used by the pipeline's
-safeguard, is not available where training runs; it serves only to turn FCGF's correspondences
-into a transform for the validation recall (DGR/FCGF's "FCGF + RANSAC" number).
+"""Validation metrics computed with torch alone (the training machine may have no Open3D); the
+trainers turn correspondences into a transform with the pipeline's own RANSAC (s2h_ros.ransac,
+torch too) for the validation recall (DGR/FCGF's "FCGF + RANSAC" number).
 """
 from __future__ import annotations
 
@@ -36,35 +32,6 @@ def ground_truth_partner(src: np.ndarray, tgt: np.ndarray, T_gt: np.ndarray, rad
     ground-truth pairs: FCGF's positives, the matrix ``M_gt`` of the S2H losses)."""
     dist, j = cKDTree(tgt).query(apply_transform(np.asarray(T_gt), src), k=1, distance_upper_bound=radius)
     return np.where(np.isfinite(dist), j, -1).astype(np.int64)
-
-
-@torch.no_grad()
-def hypothesis_registration(src: torch.Tensor, tgt: torch.Tensor, threshold: float, rng: np.random.Generator,
-                            hypotheses: int = 2000, chunk: int = 250) -> np.ndarray:
-    """``(4, 4)`` float64 transform from paired ``(K, 3)`` points, robust to outliers (batched RANSAC)."""
-    k = src.shape[0]
-    if k < 3:
-        return np.eye(4)
-    best_count, best_T = -1, np.eye(4)
-    for start in range(0, hypotheses, chunk):
-        n = min(chunk, hypotheses - start)
-        pick = torch.as_tensor(rng.integers(0, k, size=(n, 3)), device=src.device)
-        ones = torch.ones(n, 3, dtype=src.dtype, device=src.device)
-        try:
-            R, t = weighted_procrustes(src[pick], tgt[pick], ones)
-        except ValueError:
-            continue
-        moved = torch.einsum("hij,kj->hki", R, src) + t[:, None, :]  # (n, K, 3)
-        counts = (torch.linalg.vector_norm(moved - tgt[None], dim=2) < threshold).sum(1)
-        h = int(torch.argmax(counts))
-        if int(counts[h]) > best_count:
-            best_count = int(counts[h])
-            best_T = make_transform(R[h].double().cpu().numpy(), t[h].double().cpu().numpy())
-    inliers = correspondence_residuals(src, tgt, best_T) < threshold
-    if int(inliers.sum()) >= 3:
-        R, t = weighted_procrustes(src[inliers].double(), tgt[inliers].double(), inliers[inliers].double())
-        best_T = make_transform(R.cpu().numpy(), t.cpu().numpy())
-    return best_T
 
 
 def procrustes_transform(xs: torch.Tensor, ys: torch.Tensor, w: torch.Tensor) -> np.ndarray | None:
