@@ -33,7 +33,9 @@ Each scan goes through these stages:
    nor the prior's hypothesis agrees: after a gap, at relocalisation, when it beats the prior)
    stands only if RANSAC with another seed on the same S2H matches, refined by ICP, lands on it
    again (within the same tolerance). A weak RANSAC consensus that was found by chance (31 of
-   3900 matches) is not found twice; a right one is found by any seed.
+   3900 matches) is not found twice; a right one is found by any seed. A run whose own hypothesis
+   its verification refuses (a highway's zero-motion ring slide) is no evidence either way: the
+   next seed tries without the matches it explains, up to ``REPRODUCTION_SEEDS`` runs.
 5. **Tracking loss**: after ``max_failures`` failures in a row, or a failure after a gap, the scan
    is registered globally against at most ``relocalisation_tries`` of the kept keyframes
    (``relocalisation_keyframes``), nearest the predicted position first, each with the prediction
@@ -420,7 +422,8 @@ class KeyframeOdometry:
         way, lands on it again (``_agree``); otherwise not trusted, saying how far the two are.
 
         A run whose own hypothesis is refused (degenerate, too few inliers) found nothing that
-        could contradict ``result``: the next seed tries, up to REPRODUCTION_SEEDS runs. On a
+        could contradict ``result``: the next seed tries, without the matches that hypothesis
+        explains (sequential RANSAC), up to REPRODUCTION_SEEDS runs. On a
         highway the S2H matches of the ground's rings support zero motion, a slide along the road
         the degeneracy test refuses: held-out OS1-64 highway (world 48), scans 0.2 s apart, the
         first run's result was the truth (4.7-14.4 m on) and a second seed's run landed on that
@@ -431,9 +434,9 @@ class KeyframeOdometry:
         pairs = result.correspondences
         again = None
         if len(pairs) >= 3:
-            left = pairs
+            left, runs = pairs, 0
             for attempt in range(1, REPRODUCTION_SEEDS + 1):
-                again = self._ransac_again(prepared, target, left, attempt)
+                again, runs = self._ransac_again(prepared, target, left, attempt), attempt
                 if again.success:
                     break
                 left = left[~_explained(prepared, target, left, again, self.registrar.config.inlier_distance)]
@@ -449,7 +452,8 @@ class KeyframeOdometry:
             result.message = f"not reproduced: {len(pairs)} matches are too few for a second RANSAC"
             return result
         if not again.success:
-            result.message = (f"not reproduced: RANSAC with {REPRODUCTION_SEEDS} other seeds on the same {len(pairs)} "
+            seeds = f"{runs} other seed{'s' if runs > 1 else ''}"
+            result.message = (f"not reproduced: RANSAC with {seeds} on the same {len(pairs)} "
                               f"matches found no trusted hypothesis (the last: {again.message}); the global search "
                               "is not trusted")
             return result
