@@ -439,7 +439,9 @@ class KeyframeOdometry:
                 again, runs = self._ransac_again(prepared, target, left, attempt), attempt
                 if again.success:
                     break
-                left = left[~_explained(prepared, target, left, again, self.registrar.config.inlier_distance)]
+                T = geometry.shift_transform(again.transform, -prepared.origin, -target.origin)  # local frames
+                left = left[~geometry.correspondence_inlier_mask(prepared.xyz, target.xyz, left[:, 0], left[:, 1], T,
+                                                                 self.registrar.config.inlier_distance)]
                 if len(left) < 3:
                     break
         ms = 1e3 * (time.perf_counter() - t0)
@@ -652,14 +654,6 @@ class KeyframeOdometry:
         kf = self.keyframes[-1] if self.keyframes else None
         return OdometryStep(index, stamp, False, message, None, None, kf.id if kf else -1, kf.stamp if kf else 0.0,
                             False, result, kf.cloud.input_frame_xyz() if kf else None, segment=self.segment)
-
-
-def _explained(prepared: PreparedCloud, target: PreparedCloud, pairs: np.ndarray, result: RegistrationResult,
-               distance: float) -> np.ndarray:
-    """``(K,)`` bool: the ``pairs`` that ``result`` (input frames) maps within ``distance``."""
-    T = geometry.shift_transform(result.transform, -prepared.origin, -target.origin)
-    moved = geometry.apply_transform(T, prepared.xyz[pairs[:, 0]].astype(np.float64))
-    return np.linalg.norm(moved - target.xyz[pairs[:, 1]], axis=1) < distance
 
 
 def _relocalised_twist(delta: np.ndarray, dt: float) -> np.ndarray:

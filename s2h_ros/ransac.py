@@ -81,11 +81,12 @@ def ransac(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, inlier_distance:
     while drawn < min(needed, max_iterations):
         n = min(BATCH, max_iterations - drawn)
         samples, position = _draw(k, n, generator)
-        keep = _plausible(x[samples.to(dev)], y[samples.to(dev)], inlier_distance, similarity).cpu()
-        samples, position = samples[keep].to(dev), position[keep]
-        T = _fit(x[samples], y[samples]) if len(samples) else torch.empty(0, 4, 4, dtype=dtype, device=dev)
-        within = _within(T, x[samples], y[samples], inlier_distance).cpu() if len(T) else keep[:0]
-        T, position = T[within.to(dev)], position[within]
+        xs, ys = x[samples.to(dev)], y[samples.to(dev)]  # (B, 3, 3) sampled triangles
+        keep = _plausible(xs, ys, inlier_distance, similarity)
+        xs, ys, position = xs[keep], ys[keep], position[keep.cpu()]
+        T = _fit(xs, ys) if len(xs) else torch.empty(0, 4, 4, dtype=dtype, device=dev)
+        within = _within(T, xs, ys, inlier_distance)
+        T, position = T[within], position[within.cpu()]
         used = n  # samples of this batch counted as iterations
         for start in range(0, len(T), chunk):
             Tc = T[start:start + chunk]
@@ -125,10 +126,9 @@ def _plausible(xs: torch.Tensor, ys: torch.Tensor, inlier_distance: float, simil
     return alike & (height >= MIN_HEIGHT_FRACTION * inlier_distance)
 
 
-def _fit(xs: torch.Tensor, ys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """``(B, 4, 4)`` rigid transforms of ``(B, n, 3)`` point sets (batched weighted Procrustes)."""
-    w = torch.ones(xs.shape[:-1], dtype=xs.dtype, device=xs.device) if weights is None else weights
-    R, t = geometry.weighted_procrustes(xs, ys, w)
+def _fit(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """``(B, 4, 4)`` rigid transforms of ``(B, n, 3)`` point sets (batched Procrustes, equal weights)."""
+    R, t = geometry.weighted_procrustes(xs, ys, torch.ones(xs.shape[:-1], dtype=xs.dtype, device=xs.device))
     T = torch.eye(4, dtype=xs.dtype, device=xs.device).repeat(len(xs), 1, 1)
     T[:, :3, :3], T[:, :3, 3] = R, t
     return T
@@ -167,15 +167,17 @@ def _iterations_needed(inlier_ratio: float, confidence: float) -> int:
 def _locally_optimised(T: torch.Tensor, inliers: int, x: torch.Tensor, y: torch.Tensor,
                        inlier_distance: float) -> tuple[torch.Tensor, int]:
     """``T`` refitted on its inliers while that gains inliers (at most LOCAL_OPTIMISATION_ROUNDS)."""
+    mask = _residuals(T[None], x, y)[0] < inlier_distance**2
     for _ in range(LOCAL_OPTIMISATION_ROUNDS):
-        mask = _residuals(T[None], x, y)[0] < inlier_distance**2
-        if int(mask.sum()) < 3:
+        fitted_on = int(mask.sum())
+        if fitted_on < 3:
             break
         refit = _fit(x[mask][None], y[mask][None])[0]
-        count = int((_residuals(refit[None], x, y)[0] < inlier_distance**2).sum())
+        refit_mask = _residuals(refit[None], x, y)[0] < inlier_distance**2
+        count = int(refit_mask.sum())
         if count < inliers:
             break
-        T, inliers = refit, count
-        if int(mask.sum()) == count:
+        T, inliers, mask = refit, count, refit_mask
+        if fitted_on == count:
             break
     return T, inliers
