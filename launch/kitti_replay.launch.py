@@ -22,7 +22,7 @@ def generate_launch_description():
     return LaunchDescription([
         DeclareLaunchArgument("sequence_dir", description="KITTI odometry root or one sequence folder"),
         DeclareLaunchArgument("sequence", default_value="", description="sequence id under sequence_dir"),
-        DeclareLaunchArgument("rate", default_value="10.0", description="scans per second (0: lock-step)"),
+        DeclareLaunchArgument("rate", default_value="10.0", description="scans per second (0: lock-step; -1: the rate this machine sustains)"),
         DeclareLaunchArgument("output_dir", default_value="results/replay", description="metrics and plot"),
         DeclareLaunchArgument("config", default_value=kitti, description="parameter file for both nodes"),
         DeclareLaunchArgument("rviz", default_value="true", description="start RViz"),

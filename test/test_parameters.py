@@ -109,3 +109,15 @@ def test_kitti_replay_without_a_sequence_says_which_parameter(ros_args, tmp_path
         SequenceReplayer(context=ros_args())
     with pytest.raises(ConfigError, match="sequence_dir"):
         SequenceReplayer(context=ros_args("-p", f"sequence_dir:={tmp_path}"))
+
+
+def test_kitti_replay_takes_minus_one_as_the_automatic_rate_and_refuses_other_negative_rates(ros_args, vlp16_drive):
+    from s2h_ros.ros.replay import AUTO_RATE
+
+    node = SequenceReplayer(context=ros_args("-p", f"sequence_dir:={vlp16_drive.folder}", "-p", "rate:=-1"))
+    try:
+        assert node.settings["rate"] == AUTO_RATE
+    finally:
+        node.destroy_node()
+    with pytest.raises(ConfigError, match="parameter rate must be >= 0 scans/s or -1"):
+        SequenceReplayer(context=ros_args("-p", f"sequence_dir:={vlp16_drive.folder}", "-p", "rate:=-0.5"))

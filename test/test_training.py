@@ -22,7 +22,7 @@ from s2h_ros.training.data import (
     CacheError, CachedPair, PairCache, synthetic_training_pairs, voxelize_pair, write_pairs,
 )
 from s2h_ros.training.fcgf_trainer import FCGFTask, positive_pairs
-from s2h_ros.training.inlier_trainer import InlierTask
+from s2h_ros.training.inlier_trainer import InlierTask, initial_inlier_network
 from s2h_ros.training.loop import sample_index, weights_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,11 +197,13 @@ def test_inlier_network_bce_training_lowers_the_loss(pair):
     assert after < before
 
 
+@pytest.mark.parametrize("network", ["compact", "context"])
 @pytest.mark.parametrize("kind", ["l3", "s2h", "sstep"])
-def test_s2h_losses_reach_the_networks_they_train(pair, kind):
+def test_s2h_losses_reach_the_networks_they_train(pair, kind, network):
+    """DGR's 6-D network and the shipped kind (the context network, which also reads P) alike."""
     torch.manual_seed(0)
     fcgf = build_fcgf("compact")
-    task = InlierTask(fcgf, InlierNetwork("compact"), VOXEL, torch.device("cpu"), loss=kind, augment=None)
+    task = InlierTask(fcgf, initial_inlier_network(network), VOXEL, torch.device("cpu"), loss=kind, augment=None)
     loss, logs = task.loss(pair, np.random.default_rng(0))
     loss.backward()
     assert torch.isfinite(loss) and logs["matches"] > 3
@@ -245,7 +247,7 @@ def test_trainer_loss_is_the_paper_loss_of_matching_on_dense_matrices(pair, kind
         src, w_match, M_pred = xyz0[i_soft], mass, P
     else:
         src, tgt, w_match, M_pred = xyz0[i], xyz1[j], torch.ones(len(i)), M
-    w = torch.sigmoid(task._logits(src, tgt.detach(), xyz0, xyz1)) * w_match
+    w = torch.sigmoid(task._logits(src, tgt.detach(), w_match, xyz0, xyz1)) * w_match
     R, t = weighted_procrustes(src, tgt, w)
     T_t = torch.as_tensor(T, dtype=torch.float32)
     expected = s2h_loss(M_pred, M_gt, R, t, T_t[:3, :3], T_t[:3, 3])
@@ -313,6 +315,26 @@ def test_inlier_checkpoint_has_the_dgr_layout(cache_dir, tmp_path):
     assert net.config.channels == build_fcgf("compact").config.channels
     assert inlier.config.dim == 6
     assert "recall" in read_checkpoint(out)["train_state"]["history"][-1]
+
+
+def test_end_to_end_fine_tuning_of_the_shipped_weights_gives_a_file_the_pipeline_runs(cache_dir, tmp_path):
+    """``--inlier-init`` + ``--loss s2h`` on the shipped weights: both networks move, the paper's three
+    terms are logged, and the result loads as the pipeline's models (FCGF + the context network)."""
+    from s2h_ros.models.checkpoint import DEFAULT_WEIGHTS, load_registration_models
+    from s2h_ros.models.context_inlier import ContextInlierNetwork
+    from s2h_ros.paths import WEIGHTS_DIR
+
+    shipped = WEIGHTS_DIR / DEFAULT_WEIGHTS
+    out = tmp_path / "e2e.pt"
+    assert cli_main(["train", "inlier", "--data", str(cache_dir), "--fcgf", str(shipped), "--inlier-init",
+                     str(shipped), "--out", str(out), "--loss", "s2h", "--steps", "2", "--lr", "1e-2",
+                     "--fcgf-lr", "1e-2", "--threads", "1", "--val-every", "0", "--log-every", "1"]) == 0
+    before, after = load_registration_models(shipped), load_registration_models(weights_path(out))
+    assert isinstance(after.inlier, ContextInlierNetwork) and after.inlier.config == before.inlier.config
+    moved = lambda a, b: any(not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))  # noqa: E731
+    assert moved(before.fcgf, after.fcgf) and moved(before.inlier, after.inlier)
+    logged = read_checkpoint(out)["train_state"]["history"][0]
+    assert {"l1", "l2", "l3"} <= set(logged) and logged["l1"] <= 0.0
 
 
 def test_ddp_with_two_gloo_processes_writes_a_rank0_checkpoint(cache_dir, tmp_path):

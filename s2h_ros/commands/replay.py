@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import math
 import os
 import signal
 import subprocess
@@ -32,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, help="KITTI odometry root / sequence folder, or a rosbag2 (.mcap, .db3, bag dir)")
     parser.add_argument("--sequence", default="", help="sequence id under a KITTI root (e.g. 08)")
     parser.add_argument("--topic", default="", help="PointCloud2 topic in the bag (bags only)")
-    parser.add_argument("--rate", type=float, default=10.0, help="scans per second; 0 = lock-step (default 10)")
+    parser.add_argument("--rate", type=_rate, default=10.0,
+                        help="scans per second; 0 = lock-step; auto = the rate this machine sustains, measured on a "
+                             "lock-step warm-up (slowed real time on a slow CPU; default 10)")
     parser.add_argument("--start", type=int, default=0, help="first frame")
     parser.add_argument("--frames", type=int, default=-1, help="number of frames (-1: all)")
     parser.add_argument("--params-file", type=Path, action="append", default=[],
@@ -44,6 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", action="append", default=[], metavar="METHOD",
                         help="also run this odometry offline on the same scans and report it beside the node "
                              "(e.g. kiss_icp; repeatable)")
+
+
+def _rate(text: str) -> float:
+    """``--rate``: scans per second >= 0, or ``auto`` (the replayer's AUTO_RATE)."""
+    if text.strip().lower() == "auto":
+        from s2h_ros.ros.replay import AUTO_RATE
+
+        return AUTO_RATE
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r} (scans per second, 0 or auto)") from None
+    if not value >= 0.0 or value == math.inf:
+        raise argparse.ArgumentTypeError(f"rate must be a finite number >= 0 or auto, got {text!r}")
+    return value
 
 
 def _load_sequence(args: argparse.Namespace):

@@ -84,7 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     i.add_argument("--loss", choices=("bce", "s2h", "l3", "sstep"), default="l3",
                    help="bce: DGR labels; l3: SHM_DGR motion loss; s2h: L1+L2+L3, FCGF fine-tuned too; "
                         "sstep: the S-step-only ablation (L1, L2 on the soft P, L3 on virtual points)")
-    i.add_argument("--preset", default="compact", help="inlier network preset (compact, dgr)")
+    i.add_argument("--preset", default="compact",
+                   help="new inlier network: compact or dgr (DGR's 6-D network), context (the shipped kind)")
+    i.add_argument("--inlier-init", type=Path,
+                   help="start from the inlier network of this checkpoint (e.g. the shipped weights); overrides --preset")
     i.add_argument("--matcher", choices=("s2h", "nn"), default="s2h", help="correspondences fed to the network")
     i.add_argument("--max-points", type=int, default=8000, help="voxels kept per cloud per step")
     i.add_argument("--inlier-distance", type=float, default=0.6, help="label/recall inlier distance (m)")

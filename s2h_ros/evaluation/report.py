@@ -62,7 +62,18 @@ def replay_summary(report: dict) -> str:
         drift = (f"{number(m.get('t_err_pct'), '%')}, {number(m.get('r_err_deg_per_100m'), 'deg/100 m', 1, 3)}"
                  if m.get("segments") else "n/a (drive shorter than KITTI's 100 m segments)")
         lines.append(f"  path {number(m.get('length_m'), 'm', 1, 1)}, ATE RMSE {number(m.get('ate_rmse_m'), 'm', 1, 3)}, "
+                     f"KITTI drift {drift}" + (" (untrusted and dropped scans hold the last pose)"
+                                               if report.get("metrics_trusted") else ""))
+    mt = report.get("metrics_trusted")
+    if mt:
+        drift = f"{number(mt.get('t_err_pct'), '%')}" if mt.get("segments") else "n/a"
+        lines.append(f"  the {report['scans_trusted']} trusted poses alone: ATE RMSE {number(mt.get('ate_rmse_m'), 'm', 1, 3)}, "
                      f"KITTI drift {drift}")
+    rate = report.get("rate")
+    if rate:
+        lines.append(f"  replayed at {number(rate['rate_hz'], 'Hz', 1, 2)} (chosen: sensor {number(rate['sensor_hz'], 'Hz', 1, 1)}, "
+                     f"node's lock-step answer p50 {number(rate['answer_p50_ms'], 'ms', 1, 0)} over the first "
+                     f"{rate['warmup_scans'] + 1} scans)")
     lat, reg = report.get("latency_ms"), report.get("step_ms")
     if lat:
         lines.append(f"  latency publish -> odometry p50 {number(lat['p50'], 'ms', 1, 0)}, p95 {number(lat['p95'], 'ms', 1, 0)}")

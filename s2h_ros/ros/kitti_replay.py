@@ -87,7 +87,10 @@ def _replay(node: SequenceReplayer) -> bool:
         return False
     end = None if settings["end"] < 0 else settings["end"]
     n = (end if end is not None else len(node.sequence)) - settings["start"]
-    node.get_logger().info(f"replaying {n} scans at {settings['rate'] or 'lock-step'} Hz")
+    from s2h_ros.ros.replay import AUTO_RATE
+
+    how = {0.0: "lock-step", AUTO_RATE: "the rate this machine sustains"}.get(settings["rate"], f"{settings['rate']} Hz")
+    node.get_logger().info(f"replaying {n} scans at {how}")
     node.run(rate=settings["rate"], start=settings["start"], end=end)
     return True
 

@@ -85,7 +85,8 @@ NODE_PARAMETERS: tuple[ParamSpec, ...] = (
 REPLAY_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("sequence_dir", "", "KITTI odometry root (with sequence) or one sequence folder (velodyne/, poses.txt, calib.txt)"),
     ParamSpec("sequence", "", "sequence id under sequence_dir/sequences (empty: sequence_dir is one sequence)"),
-    ParamSpec("rate", 10.0, "scans per second; 0: lock-step (next scan when the node has answered)", (0.0, 1000.0)),
+    ParamSpec("rate", 10.0, "scans per second; 0: lock-step (next scan when the node has answered); -1: the rate this "
+              "machine sustains (s2h_ros.ros.replay.sustainable_rate of a lock-step warm-up)", (-1.0, 1000.0)),
     ParamSpec("start", 0, "first frame", (0, 10_000_000)),
     ParamSpec("end", -1, "one past the last frame (-1: all)", (-1, 10_000_000)),
     ParamSpec("topic", "points", "PointCloud2 topic to publish"),

@@ -3,8 +3,10 @@
 ``SequenceReplayer`` publishes each scan of a ``Sequence`` (KITTI layout, synthetic, rosbag2) as
 PointCloud2 with ``/clock``, the ground-truth odometry beside it, and records the node's
 odometry and results. At a fixed rate (``rate`` Hz; scans the node cannot keep up with are
-dropped by the node, as on a robot) or in lock-step (``rate`` = 0: the next scan goes out when
-the node has answered the previous one). ``request_stop`` (a signal handler's) ends a run after
+dropped by the node, as on a robot), in lock-step (``rate`` = 0: the next scan goes out when
+the node has answered the previous one), or at the rate this machine sustains (``rate`` =
+``AUTO_RATE``, -1: :func:`sustainable_rate` of the node's answer times over a lock-step warm-up,
+then that fixed rate, so a slow CPU replays in slowed real time and a GPU at the sensor's rate). ``request_stop`` (a signal handler's) ends a run after
 the scan in hand. At the end the sequence metrics of the scans answered so far (JSON), the
 estimated poses (KITTI text) and a top-view trajectory plot are written, each atomically.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +42,27 @@ from s2h_ros.ros.parameters import REPLAY_PARAMETERS, coerce, declare_all, pose_
 from s2h_ros.ros.pointcloud2 import to_msg
 from s2h_ros.ros.tf import StaticTfPublisher
 
+AUTO_RATE = -1.0  # ``rate`` value: choose the rate from a lock-step warm-up (sustainable_rate)
+AUTO_WARMUP_SCANS = 12  # lock-step scans the automatic rate is measured on (the first is not counted)
+AUTO_HEADROOM = 0.7  # the chosen period is the median answer time / this
+
+
+def sustainable_rate(answer_s: list[float], stamps_s: list[float], headroom: float = AUTO_HEADROOM) -> dict:
+    """The replay rate this machine sustains: ``headroom`` / the median lock-step answer time
+    (publish -> result, seconds; the first scan of a run, which loads the models, left out by the
+    caller), at most the sensor's own rate (median spacing of ``stamps_s``). Returns ``{"rate_hz",
+    "sensor_hz", "answer_p50_ms", "warmup_scans"}``; ValueError without answers to measure."""
+    if not answer_s:
+        raise ValueError("no answered warm-up scans to choose a rate from")
+    spacing = np.diff(np.asarray(stamps_s, dtype=np.float64))
+    spacing = spacing[spacing > 0]
+    sensor_hz = 1.0 / float(np.median(spacing)) if len(spacing) else math.inf
+    answer = float(np.median(answer_s))
+    rate = min(sensor_hz, headroom / max(answer, 1e-3))
+    return {"rate_hz": round(rate, 3), "sensor_hz": round(sensor_hz, 3) if math.isfinite(sensor_hz) else None,
+            "answer_p50_ms": round(1e3 * answer, 1), "warmup_scans": len(answer_s)}
+
+
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
 
 
@@ -53,6 +77,7 @@ class ReplayRecord:
     publish_wall: dict[int, float] = field(default_factory=dict)  # stamp -> wall time published
     result_wall: dict[int, float] = field(default_factory=dict)  # stamp -> wall time result arrived
     odom_wall: dict[int, float] = field(default_factory=dict)  # stamp -> wall time odometry arrived
+    rate: dict | None = None  # the automatic rate chosen (sustainable_rate), when one was
 
 
 def load_kitti_sequence(sequence_dir: str, sequence: str) -> Sequence:
@@ -83,6 +108,9 @@ class SequenceReplayer(Node):
         specs = [dataclasses.replace(spec, default=coerce(defaults[spec.name], spec.type)) if spec.name in defaults
                  else spec for spec in REPLAY_PARAMETERS]
         self.settings = declare_all(self, specs)
+        if self.settings["rate"] < 0 and self.settings["rate"] != AUTO_RATE:
+            raise ConfigError(f"parameter rate must be >= 0 scans/s or {AUTO_RATE:g} (automatic), "
+                              f"got {self.settings['rate']:g}")
         self.sensor_to_base = pose_parameter("sensor_to_base", self.settings["sensor_to_base"])
         if sequence is None:
             sequence = load_kitti_sequence(self.settings["sequence_dir"], self.settings["sequence"])
@@ -177,9 +205,23 @@ class SequenceReplayer(Node):
 
     def run(self, rate: float = 10.0, start: int = 0, end: int | None = None, answer_timeout: float = 60.0,
             settle_timeout: float = 10.0, progress=None) -> None:
-        """Publish scans ``start..end``; lock-step when ``rate`` <= 0. Returns when answers are in,
-        or at once after ``request_stop``."""
+        """Publish scans ``start..end``; lock-step when ``rate`` is 0, at the rate this machine
+        sustains when it is ``AUTO_RATE`` (the first ``AUTO_WARMUP_SCANS`` lock-step, then the rate
+        :func:`sustainable_rate` chooses from them, kept in ``record.rate``). Returns when answers
+        are in, or at once after ``request_stop``."""
         end = len(self.sequence) if end is None else min(end, len(self.sequence))
+        if rate == AUTO_RATE:
+            warm_end = min(end, start + AUTO_WARMUP_SCANS)
+            self.run(0.0, start, warm_end, answer_timeout, settle_timeout, progress)
+            if warm_end >= end or self._stop_requested:
+                return
+            self.record.rate = self._measured_rate()
+            self.get_logger().info(f"automatic rate: {self.record.rate['rate_hz']:.2f} Hz (lock-step answer p50 "
+                                   f"{self.record.rate['answer_p50_ms']:.0f} ms, sensor "
+                                   f"{self.record.rate['sensor_hz']} Hz)")
+            start, rate = warm_end, self.record.rate["rate_hz"]
+        elif rate < 0:
+            raise ValueError(f"rate must be >= 0 scans/s or AUTO_RATE ({AUTO_RATE:g}), got {rate:g}")
         period = 1.0 / rate if rate > 0 else 0.0
         next_time = time.monotonic()
         for i in range(start, end):
@@ -203,6 +245,15 @@ class SequenceReplayer(Node):
         self.wait_for(lambda: last is None or last in self.record.results, settle_timeout)
 
 
+    def _measured_rate(self) -> dict:
+        """:func:`sustainable_rate` of the scans published so far (all lock-step), the first left out."""
+        with self._cv:
+            keys = list(self.record.stamps_ns)
+            answers = [self.record.result_wall[k] - self.record.publish_wall[k] for k in keys[1:]
+                       if k in self.record.result_wall]
+        return sustainable_rate(answers, [stamps.ns_to_sec(k) for k in keys])
+
+
 def evaluate_replay(sequence: Sequence, record: ReplayRecord, out_dir: Path,
                     sensor_to_base: np.ndarray | None = None, name: str = "s2h",
                     interrupted: str | None = None) -> dict:
@@ -218,7 +269,8 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
     (N, 4, 4), ground truth (N, 4, 4) or None)`` over the N published scans evaluated.
 
     Scans without a trusted pose (failed or dropped) hold the previous pose, as a consumer of the
-    published odometry would; their count is reported beside the metrics, and so are the node's
+    published odometry would (``metrics``); ``metrics_trusted`` scores the trusted poses alone (what
+    was published, e.g. at a rate where the node drops scans); their count is reported beside the metrics, and so are the node's
     continuity events (``relocalised``, ``new_segment``, ``time_reset``). ``interrupted``: the
     signal that ended the replay early; the report then covers the scans up to the last one
     answered (those published after it were in flight, not dropped: ``scans_in_flight``).
@@ -233,13 +285,14 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
         stamps.pop()
         in_flight += 1
     indices = record.indices[:len(stamps)]
-    est, have = [], 0
+    est, trusted = [], []
     last = np.eye(4)
     for key in stamps:
         if key in record.poses:
             last = T_sb @ record.poses[key] @ T_bs  # odom->base back to the sensor trajectory
-            have += 1
+        trusted.append(key in record.poses)
         est.append(last)
+    have = sum(trusted)
     est = np.stack(est) if est else np.zeros((0, 4, 4))
     answered = [record.results[k] for k in stamps if k in record.results]
     events: dict[str, int] = {}
@@ -257,6 +310,8 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
         "scans_in_flight": in_flight,
         "events": events,
     }
+    if record.rate is not None:
+        report["rate"] = record.rate
     latencies = [record.odom_wall[k] - record.publish_wall[k] for k in stamps if k in record.odom_wall]
     if latencies:
         report["latency_ms"] = {"p50": 1e3 * float(np.percentile(latencies, 50)),
@@ -269,6 +324,8 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
         gt = sequence.poses[indices]
         gt = np.einsum("ij,njk->nik", geometry.invert_transform(gt[0]), gt)
         report["metrics"] = sequence_metrics(gt, est)
+        if 2 <= have < len(stamps):  # what was published, without the held poses
+            report["metrics_trusted"] = sequence_metrics(gt[trusted], est[trusted])
     return report, est, gt
 
 

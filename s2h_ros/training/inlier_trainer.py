@@ -1,4 +1,5 @@
-"""Training DGR's 6-D inlier network on FCGF correspondences, three ways (``--loss``):
+"""Training an inlier network on FCGF correspondences (DGR's 6-D network, or the shipped context
+network of ``models.context_inlier`` with ``--preset context`` / ``--inlier-init``), four ways (``--loss``):
 
 - ``bce``: DGR's classification: label a correspondence (x, y) inlier when
   ``||T_gt x - y|| < inlier_distance``, class-balanced binary cross-entropy on the logits.
@@ -33,6 +34,7 @@ import torch
 
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.geometry import weighted_procrustes
+from s2h_ros.models.context_inlier import ContextInlierNetwork
 from s2h_ros.matching import balanced_bce, motion_loss, sparse_inlier_count_loss, sparse_matching_loss, straight_through, total_loss
 from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
@@ -93,11 +95,19 @@ class InlierTask:
 
         return s2h_correspondences(f0, f1, self.reg)
 
-    def _logits(self, src: torch.Tensor, tgt: torch.Tensor, xyz0: torch.Tensor, xyz1: torch.Tensor) -> torch.Tensor:
-        """Inlier logits of correspondences ``(src (K, 3), tgt (K, 3))``."""
+    def _logits(self, src: torch.Tensor, tgt: torch.Tensor, p: torch.Tensor, xyz0: torch.Tensor, xyz1: torch.Tensor,
+                rng: np.random.Generator | None = None) -> torch.Tensor:
+        """Inlier logits of correspondences ``(src (K, 3), tgt (K, 3))`` with S-step probabilities
+        ``p (K,)``: the context network reads ``p`` as an input (detached, as the pipeline hands it
+        over) and draws its first anchors with a generator seeded from ``rng`` (fixed when None, as
+        at inference); DGR's 6-D network reads the coordinates only."""
         net = self.nets["inlier"] if self.nets["inlier"].training else unwrap(self.nets["inlier"])
         if len(src) == 0:  # nothing matched: one dummy row keeps every rank's backward in step
-            return net(xyz0[:1], xyz1[:1], self.voxel)[:0]
+            src, tgt, p = xyz0[:1], xyz1[:1], p.new_ones(1)
+            return self._logits(src, tgt, p, xyz0, xyz1, rng)[:0]
+        if isinstance(unwrap(self.nets["inlier"]), ContextInlierNetwork):
+            gen = None if rng is None else torch.Generator().manual_seed(int(rng.integers(2**31)))
+            return net(src, tgt, self.voxel, p.detach(), gen)
         return net(src, tgt, self.voxel)
 
     @staticmethod
@@ -119,10 +129,10 @@ class InlierTask:
         i, j, p, match = self._correspondences(f0, f1)
         if self.kind == "sstep":  # soft correspondences: virtual target points, weighted by row mass
             i_soft, tgt, mass = self._virtual_correspondences(xyz1, match, len(xyz0))
-            src = xyz0[i_soft]
+            src, p_in = xyz0[i_soft], mass
         else:
-            src, tgt = xyz0[i], xyz1[j]
-        logits = self._logits(src, tgt.detach(), xyz0, xyz1)
+            src, tgt, p_in = xyz0[i], xyz1[j], p
+        logits = self._logits(src, tgt.detach(), p_in, xyz0, xyz1, rng)
         T = torch.as_tensor(pair.T_gt, dtype=torch.float32, device=self.device)
         labels = (correspondence_residuals(src, tgt.detach(), T) < self.inlier_distance).float()
         logs = {"inlier_ratio": float(labels.mean()) if len(labels) else 0.0, "matches": float(len(labels))}
@@ -174,8 +184,8 @@ class InlierTask:
             rng = np.random.default_rng([n, 7])
             pair = CachedPair(self._subsample(pair.source, rng), self._subsample(pair.target, rng), pair.T_gt, pair.name)
             (xyz0, f0), (xyz1, f1) = batched_features(self.fcgf, [pair.source, pair.target], self.voxel, self.device)
-            i, j, _, _ = self._correspondences(f0, f1)
-            w = torch.sigmoid(self._logits(xyz0[i], xyz1[j], xyz0, xyz1))
+            i, j, p, _ = self._correspondences(f0, f1)
+            w = torch.sigmoid(self._logits(xyz0[i], xyz1[j], p, xyz0, xyz1))
             w = torch.where(w < self.reg.weight_floor, torch.zeros_like(w), w)
             good = correspondence_residuals(xyz0[i], xyz1[j], pair.T_gt) < self.inlier_distance
             ratio.append(float(good.float().mean()) if len(good) else 0.0)
@@ -189,13 +199,12 @@ class InlierTask:
     def save(self, path: Path, extra: dict) -> None:
         """DGR's layout: ``state_dict`` (FCGF) and ``state_dict_inlier``, loadable by ``models.load_dgr``
         (written atomically, ``write_checkpoint``)."""
-        from s2h_ros.models.checkpoint import write_checkpoint
+        from s2h_ros.models.checkpoint import inlier_entries, write_checkpoint
 
         nets = extra.pop("nets")
         fcgf = nets.get("fcgf", self.fcgf)
-        write_checkpoint(path, {"state_dict": fcgf.state_dict(), "state_dict_inlier": nets["inlier"].state_dict(),
-                                "fcgf_config": fcgf.config.to_dict(), "inlier_config": nets["inlier"].config.to_dict(),
-                                "voxel": self.voxel, "trainer": f"inlier/{self.kind}", "matcher": self.matcher,
+        write_checkpoint(path, {"state_dict": fcgf.state_dict(), **inlier_entries(nets["inlier"]),
+                                "fcgf_config": fcgf.config.to_dict(), "voxel": self.voxel, "trainer": f"inlier/{self.kind}", "matcher": self.matcher,
                                 **extra})
 
     def load(self, data: dict) -> None:
@@ -205,14 +214,29 @@ class InlierTask:
         load_weights(self.fcgf, data["state_dict"])
 
 
+def initial_inlier_network(preset: str, init: str | Path | None = None) -> torch.nn.Module:
+    """The network to train: the inlier network of checkpoint ``init`` (e.g. the shipped weights,
+    whatever kind it holds), else a new one of ``preset`` (``context``: the context network's
+    shipped shape; ``compact`` / ``dgr``: DGR's 6-D network)."""
+    from s2h_ros.models import load_inlier
+    from s2h_ros.models.context_inlier import ContextInlierConfig
+    from s2h_ros.models.inlier import InlierNetwork
+
+    if init:
+        return load_inlier(init)
+    if preset == "context":
+        return ContextInlierNetwork(ContextInlierConfig(channels=32, stages=3))
+    return InlierNetwork(preset)
+
+
 def train_inlier(args) -> dict:
     """``s2h train inlier``: load FCGF, train the inlier network on ``--data``, write ``--out`` (DGR layout)."""
     from s2h_ros.models import load_fcgf
-    from s2h_ros.models.inlier import InlierNetwork
     from s2h_ros.training.loop import run
 
     def make_task(device: torch.device, voxel: float) -> InlierTask:
-        return InlierTask(load_fcgf(args.fcgf), InlierNetwork(args.preset), voxel, device, args.loss, args.matcher,
-                          args.max_points, args.inlier_distance, args.fcgf_lr, augment_from_args(args))
+        return InlierTask(load_fcgf(args.fcgf), initial_inlier_network(args.preset, args.inlier_init), voxel, device,
+                          args.loss, args.matcher, args.max_points, args.inlier_distance, args.fcgf_lr,
+                          augment_from_args(args))
 
     return run(args, make_task)
