@@ -251,9 +251,11 @@ RANSAC_ITERS = 5000  # per registration; the same for every rule, so success rat
 
 
 def _register(pair: dict, src_idx: np.ndarray, tgt_idx: np.ndarray, seed: int) -> np.ndarray | None:
-    """Synthetic features: weighted Procrustes on the PPM. FPFH (about 5 % inliers): Open3D RANSAC
-    on the PPM correspondences, the fallback a pipeline would use for weak features."""
+    """Synthetic features: weighted Procrustes on the PPM. FPFH (about 5 % inliers): RANSAC on the
+    PPM correspondences (``s2h_ros.ransac``, the pipeline's, seeded), the fallback a pipeline would
+    use for weak features."""
     from s2h_ros.geometry import make_transform, weighted_procrustes
+    from s2h_ros.ransac import ransac
 
     if src_idx.size < 3:
         return None
@@ -261,17 +263,9 @@ def _register(pair: dict, src_idx: np.ndarray, tgt_idx: np.ndarray, seed: int) -
         R, t = weighted_procrustes(torch.tensor(pair["src"][src_idx]), torch.tensor(pair["tgt"][tgt_idx]),
                                    torch.ones(src_idx.size, dtype=torch.float64))
         return make_transform(R.numpy(), t.numpy())
-    import open3d as o3d
-
-    reg = o3d.pipelines.registration
-    o3d.utility.random.seed(seed)
-    pcd = lambda x: o3d.geometry.PointCloud(o3d.utility.Vector3dVector(x.astype(np.float64)))  # noqa: E731
-    corr = o3d.utility.Vector2iVector(np.stack([src_idx, tgt_idx], 1).astype(np.int32))
-    result = reg.registration_ransac_based_on_correspondence(
-        pcd(pair["src"]), pcd(pair["tgt"]), corr, INLIER_DIST, reg.TransformationEstimationPointToPoint(False), 3, [],
-        reg.RANSACConvergenceCriteria(RANSAC_ITERS, 0.999),
-    )
-    return np.asarray(result.transformation)
+    result = ransac(pair["src"], pair["tgt"], np.stack([src_idx, tgt_idx], 1).astype(np.int64), INLIER_DIST,
+                    RANSAC_ITERS, seed)
+    return result.transform
 
 
 def _evaluate_pair(pair: dict, args) -> dict[str, dict]:
