@@ -25,7 +25,7 @@ from rclpy.signals import SignalHandlerOptions
 from s2h_ros.config import ConfigError
 from s2h_ros.interrupts import exit_status, on_stop_signals, signal_name
 from s2h_ros.outputs import check_writable
-from s2h_ros.ros.replay import SequenceReplayer, baseline_odometry, replay_report, write_replay_outputs
+from s2h_ros.ros.replay import AUTO_RATE, SequenceReplayer, baseline_odometry, replay_report, write_replay_outputs
 
 EXIT_OK, EXIT_NO_NODE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -87,8 +87,6 @@ def _replay(node: SequenceReplayer) -> bool:
         return False
     end = None if settings["end"] < 0 else settings["end"]
     n = (end if end is not None else len(node.sequence)) - settings["start"]
-    from s2h_ros.ros.replay import AUTO_RATE
-
     how = {0.0: "lock-step", AUTO_RATE: "the rate this machine sustains"}.get(settings["rate"], f"{settings['rate']} Hz")
     node.get_logger().info(f"replaying {n} scans at {how}")
     node.run(rate=settings["rate"], start=settings["start"], end=end)

@@ -6,8 +6,8 @@ odometry and results. At a fixed rate (``rate`` Hz; scans the node cannot keep u
 dropped by the node, as on a robot), in lock-step (``rate`` = 0: the next scan goes out when
 the node has answered the previous one), or at the rate this machine sustains (``rate`` =
 ``AUTO_RATE``, -1: :func:`sustainable_rate` of the node's answer times over a lock-step warm-up,
-then that fixed rate, so a slow CPU replays in slowed real time and a GPU at the sensor's rate). ``request_stop`` (a signal handler's) ends a run after
-the scan in hand. At the end the sequence metrics of the scans answered so far (JSON), the
+then that fixed rate, so a slow CPU replays in slowed real time and a GPU at the sensor's rate).
+``request_stop`` (a signal handler's) ends a run after the scan in hand. At the end the sequence metrics of the scans answered so far (JSON), the
 estimated poses (KITTI text) and a top-view trajectory plot are written, each atomically.
 
 Its settings are ROS parameters (``REPLAY_PARAMETERS``, declared on this node, so ``--ros-args
@@ -244,7 +244,6 @@ class SequenceReplayer(Node):
         last = self.record.stamps_ns[-1] if n else None
         self.wait_for(lambda: last is None or last in self.record.results, settle_timeout)
 
-
     def _measured_rate(self) -> dict:
         """:func:`sustainable_rate` of the scans published so far (all lock-step), the first left out."""
         with self._cv:
@@ -270,8 +269,8 @@ def replay_report(sequence: Sequence, record: ReplayRecord, sensor_to_base: np.n
 
     Scans without a trusted pose (failed or dropped) hold the previous pose, as a consumer of the
     published odometry would (``metrics``); ``metrics_trusted`` scores the trusted poses alone (what
-    was published, e.g. at a rate where the node drops scans); their count is reported beside the metrics, and so are the node's
-    continuity events (``relocalised``, ``new_segment``, ``time_reset``). ``interrupted``: the
+    was published, e.g. at a rate where the node drops scans). Their count is reported beside the
+    metrics, and so are the node's continuity events (``relocalised``, ``new_segment``, ``time_reset``). ``interrupted``: the
     signal that ended the replay early; the report then covers the scans up to the last one
     answered (those published after it were in flight, not dropped: ``scans_in_flight``).
     """

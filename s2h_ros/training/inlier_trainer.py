@@ -34,8 +34,8 @@ import torch
 
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.geometry import weighted_procrustes
-from s2h_ros.models.context_inlier import ContextInlierNetwork
 from s2h_ros.matching import balanced_bce, motion_loss, sparse_inlier_count_loss, sparse_matching_loss, straight_through, total_loss
+from s2h_ros.models.context_inlier import ContextInlierNetwork
 from s2h_ros.training.augment import AugmentConfig, augment_from_args, augment_pair
 from s2h_ros.training.data import CachedPair
 from s2h_ros.training.fcgf_trainer import batched_features
@@ -204,8 +204,8 @@ class InlierTask:
         nets = extra.pop("nets")
         fcgf = nets.get("fcgf", self.fcgf)
         write_checkpoint(path, {"state_dict": fcgf.state_dict(), **inlier_entries(nets["inlier"]),
-                                "fcgf_config": fcgf.config.to_dict(), "voxel": self.voxel, "trainer": f"inlier/{self.kind}", "matcher": self.matcher,
-                                **extra})
+                                "fcgf_config": fcgf.config.to_dict(), "voxel": self.voxel,
+                                "trainer": f"inlier/{self.kind}", "matcher": self.matcher, **extra})
 
     def load(self, data: dict) -> None:
         from s2h_ros.models.checkpoint import load_weights
@@ -216,16 +216,15 @@ class InlierTask:
 
 def initial_inlier_network(preset: str, init: str | Path | None = None) -> torch.nn.Module:
     """The network to train: the inlier network of checkpoint ``init`` (e.g. the shipped weights,
-    whatever kind it holds), else a new one of ``preset`` (``context``: the context network's
-    shipped shape; ``compact`` / ``dgr``: DGR's 6-D network)."""
+    whatever kind it holds), else a new one of ``preset`` (``context``: the context network with its
+    default configuration; ``compact`` / ``dgr``: DGR's 6-D network)."""
     from s2h_ros.models import load_inlier
-    from s2h_ros.models.context_inlier import ContextInlierConfig
     from s2h_ros.models.inlier import InlierNetwork
 
     if init:
         return load_inlier(init)
     if preset == "context":
-        return ContextInlierNetwork(ContextInlierConfig(channels=32, stages=3))
+        return ContextInlierNetwork()
     return InlierNetwork(preset)
 
 
