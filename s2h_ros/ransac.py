@@ -81,7 +81,8 @@ def ransac(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, inlier_distance:
     while drawn < min(needed, max_iterations):
         n = min(BATCH, max_iterations - drawn)
         samples, position = _draw(k, n, generator)
-        xs, ys = x[samples.to(dev)], y[samples.to(dev)]  # (B, 3, 3) sampled triangles
+        samples = samples.to(dev)
+        xs, ys = x[samples], y[samples]  # (B, 3, 3) sampled triangles
         keep = _plausible(xs, ys, inlier_distance, similarity)
         xs, ys, position = xs[keep], ys[keep], position[keep.cpu()]
         T = _fit(xs, ys) if len(xs) else torch.empty(0, 4, 4, dtype=dtype, device=dev)

@@ -59,7 +59,7 @@ def _rate(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a rate: {text!r} (scans per second, 0 or auto)") from None
-    if not value >= 0.0 or value == math.inf:
+    if not (math.isfinite(value) and value >= 0.0):
         raise argparse.ArgumentTypeError(f"rate must be a finite number >= 0 or auto, got {text!r}")
     return value
 

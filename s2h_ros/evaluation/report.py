@@ -54,6 +54,10 @@ def replay_summary(report: dict) -> str:
         text = _fmt(value, scale, digits)
         return "n/a" if text == "-" else f"{text} {unit}"
 
+    def ate_and_drift(metrics: dict) -> str:  # the short form: translational drift only
+        drift = number(metrics.get("t_err_pct"), "%") if metrics.get("segments") else "n/a"
+        return f"ATE RMSE {number(metrics.get('ate_rmse_m'), 'm', 1, 3)}, KITTI drift {drift}"
+
     m = report.get("metrics", {})
     lines = [f"{report.get('method', 's2h')}: {report['scans_published']} scans published, "
              f"{report['scans_answered']} answered, {report['scans_trusted']} trusted, "
@@ -66,9 +70,7 @@ def replay_summary(report: dict) -> str:
                                                if report.get("metrics_trusted") else ""))
     mt = report.get("metrics_trusted")
     if mt:
-        drift = f"{number(mt.get('t_err_pct'), '%')}" if mt.get("segments") else "n/a"
-        lines.append(f"  the {report['scans_trusted']} trusted poses alone: ATE RMSE {number(mt.get('ate_rmse_m'), 'm', 1, 3)}, "
-                     f"KITTI drift {drift}")
+        lines.append(f"  the {report['scans_trusted']} trusted poses alone: {ate_and_drift(mt)}")
     rate = report.get("rate")
     if rate:
         lines.append(f"  replayed at {number(rate['rate_hz'], 'Hz', 1, 2)} (chosen: sensor {number(rate['sensor_hz'], 'Hz', 1, 1)}, "
@@ -84,9 +86,8 @@ def replay_summary(report: dict) -> str:
         if "error" in b:
             lines.append(f"{name} (same scans, offline): not run: {b['error']}")
             continue
-        drift = f"{number(b.get('t_err_pct'), '%')}" if b.get("segments") else "n/a"
-        lines.append(f"{name} (same scans, offline): ATE RMSE {number(b.get('ate_rmse_m'), 'm', 1, 3)}, "
-                     f"KITTI drift {drift}, {number(b.get('time_per_frame_ms'), 'ms', 1, 0)} per scan")
+        lines.append(f"{name} (same scans, offline): {ate_and_drift(b)}, "
+                     f"{number(b.get('time_per_frame_ms'), 'ms', 1, 0)} per scan")
     if report.get("plot"):
         lines.append(f"  trajectory plot: {report['plot']}")
     return "\n".join(lines) + "\n"
