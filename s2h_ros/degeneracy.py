@@ -120,21 +120,6 @@ class Degeneracy:
                 "weakest": self.describe()}
 
 
-def surface_planarity(xyz: np.ndarray, radius: float, max_nn: int = 30) -> np.ndarray:
-    """``(M,)`` planarity in [0, 1] of each of the ``(M, 3)`` voxels' neighbourhoods (its
-    ``max_nn`` nearest within ``radius``: the neighbourhood its normal is estimated from):
-    ``(s2 - s3) / s1`` for the square roots ``s1 >= s2 >= s3`` of the eigenvalues of the
-    neighbourhood's covariance; 0 where a neighbourhood has no spread (module text)."""
-    import open3d as o3d
-
-    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, np.float64)))
-    pcd.estimate_covariances(o3d.geometry.KDTreeSearchParamHybrid(radius=radius, max_nn=max_nn))
-    s = np.sqrt(np.maximum(np.linalg.eigvalsh(np.asarray(pcd.covariances)), 0.0))  # ascending
-    with np.errstate(divide="ignore", invalid="ignore"):
-        planarity = (s[:, 1] - s[:, 0]) / s[:, 2]
-    return np.clip(np.nan_to_num(planarity, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
-
-
 def weakest_direction(points: np.ndarray, normals: np.ndarray, weights: np.ndarray | None = None) -> Degeneracy:
     """The weakest constraint of point-to-plane alignment of ``(m, 3)`` matched points against
     surfaces with ``(m, 3)`` unit ``normals`` (module text), each row weighted by ``(m,)``

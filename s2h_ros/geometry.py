@@ -222,6 +222,24 @@ def voxel_downsample(points: np.ndarray, voxel: float, device: str | torch.devic
     return np.sort(first.cpu().numpy()).astype(np.int64)
 
 
+def voxel_mean(points: np.ndarray, voxel: float, device: str | torch.device = "cpu") -> np.ndarray:
+    """``(M, 3)`` float64: the mean of the ``(N, 3)`` points in each occupied voxel of a grid whose
+    cells start half a voxel below the points' minimum (Open3D's ``voxel_down_sample``: the same
+    points, bit for bit on the real KITTI scan, in the order of the voxels' keys). In torch on
+    ``device`` rather than Open3D, which holds Python's interpreter lock for the whole call and so
+    stalls the odometry's other threads (s2h_ros.surface)."""
+    points = np.asarray(points)
+    _check_points("points", points)
+    if not voxel > 0:
+        raise ValueError(f"voxel must be > 0, got {voxel}")
+    from s2h_ros.sparse.kernel_map import unique_rows  # the one voxel hashing of the project
+
+    p = torch.as_tensor(points, dtype=torch.float64, device=device)
+    _, inverse = unique_rows(torch.floor((p - (p.min(0).values - voxel / 2)) / voxel).long())
+    sums = torch.zeros(int(inverse.max()) + 1, 3, dtype=p.dtype, device=p.device).index_add_(0, inverse, p)
+    return (sums / torch.bincount(inverse).to(p.dtype)[:, None]).cpu().numpy()
+
+
 # -------------------------------------------------------------------------------- metrics
 
 

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,3 +160,20 @@ class Handover:
                     self._processing_since = None
                     self._busy -= 1
                     self._cv.notify_all()
+
+
+def in_background(fn: Callable[..., Any], *args: Any, name: str = "background") -> Future:
+    """``fn(*args)`` started now on a daemon thread; the future's ``result()`` waits for it and
+    returns its value or raises its exception (the odometry's keyframe and local-map work, started
+    when a keyframe is made and waited for where the next scans need it)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits for the result
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

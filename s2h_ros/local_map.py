@@ -4,9 +4,13 @@ Registration (:class:`s2h_ros.pipeline.Registrar`) finds a scan's pose against t
 keyframe and decides whether it is trusted. Its ICP runs on ``voxel_size`` (0.3 m) voxels against
 that one keyframe, so every step carries its own error and every keyframe switch passes it on.
 The fine refinement then aligns the scan, downsampled at ``map_voxel``, with a local map: the last
-``map_keyframes`` keyframe scans at their odometry poses, downsampled at ``map_voxel`` together,
-their normals computed once per keyframe. The alignment is the pipeline's robust point-to-plane
-ICP (:func:`s2h_ros.pipeline.refine_icp`, Open3D) at the map's voxel size.
+``map_keyframes`` keyframe scans at their odometry poses, downsampled at ``map_voxel`` together
+(:func:`s2h_ros.geometry.voxel_mean`), their normals computed once per change of keyframes. The
+alignment is the pipeline's robust point-to-plane ICP (:func:`s2h_ros.pipeline.refine_icp`) at the
+map's voxel size. A new keyframe's map is built on a helper thread from the moment the keyframe
+is added with a GPU device, and the next refinement waits for it: the same map as built in line,
+off the path of the scans (on a GPU machine the rebuild cost 70 ms of the next step). On the CPU,
+where Open3D's normals hold the interpreter lock (s2h_ros.surface), it is built when first asked.
 
 Measured on a held-out VLP-32 drive (world seed 13; maps of five keyframes at ground-truth poses,
 starts 5 cm / 0.3 deg off; docs/performance.md): the registration's one-keyframe ICP ends 0.8 cm /
@@ -23,21 +27,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future
 
 import numpy as np
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.pipeline import CheckedCloud, Refinement, check_cloud, estimate_normals, refine_icp
-
-
-def downsample(xyz: np.ndarray, voxel: float) -> np.ndarray:
-    """``(M, 3)`` float64: one point per occupied ``voxel`` (the mean of its points, Open3D) of
-    ``(N, 3)`` finite points."""
-    import open3d as o3d
-
-    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
-    return np.asarray(cloud.voxel_down_sample(voxel).points)
+from s2h_ros.handover import in_background
+from s2h_ros.pipeline import CheckedCloud, Refinement, check_cloud, refine_icp
+from s2h_ros.surface import estimate_normals, on_device
 
 
 class LocalMap:
@@ -55,8 +53,10 @@ class LocalMap:
         self.icp = registration.replace(voxel_size=self.voxel)
         self.normal_voxel = max(self.voxel, registration.voxel_size)
         self.check_voxel = registration.voxel_size
+        self.device = registration.device
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
-        self._map: tuple[np.ndarray, np.ndarray] | None = None  # (P, 3) points, (P, 3) normals; built lazily
+        self._map: tuple[np.ndarray, np.ndarray] | None = None  # (P, 3) points, (P, 3) normals
+        self._building: Future | None = None  # the map of the current keyframes, started by ``add``
 
     def __len__(self) -> int:
         return len(self._scans)
@@ -64,6 +64,7 @@ class LocalMap:
     def clear(self) -> None:
         self._scans.clear()
         self._map = None
+        self._building = None
 
     def scan(self, points: np.ndarray | CheckedCloud) -> np.ndarray:
         """``(N, >=3)`` points (sensor frame) as ``add`` and ``refine`` take them: ``(M, 3)`` float64,
@@ -72,21 +73,29 @@ class LocalMap:
         The odometry passes the cloud it checked for ``Registrar.prepare``; raw points are checked
         here and raise ``RegistrationError`` where ``prepare`` would."""
         checked = points if isinstance(points, CheckedCloud) else check_cloud("scan", points, self.check_voxel)
-        return downsample(checked.xyz.astype(np.float64) + checked.origin, self.voxel)
+        return geometry.voxel_mean(checked.xyz.astype(np.float64) + checked.origin, self.voxel, self.device)
 
     def add(self, scan: np.ndarray, pose: np.ndarray) -> None:
-        """A keyframe's ``scan`` (from ``scan``) at its ``(4, 4)`` pose; the oldest drops out."""
+        """A keyframe's ``scan`` (from ``scan``) at its ``(4, 4)`` pose; the oldest drops out. With a
+        GPU device the new map is built from now on a helper thread, and ``points`` waits for it."""
         self._scans.append((scan, np.asarray(pose, dtype=np.float64)))
         self._map = None
+        self._building = None
+        if on_device(self.device):  # on the CPU Open3D's normals hold the interpreter lock: built when asked
+            self._building = in_background(self._build, list(self._scans), name="local map")
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The map: ``(P, 3)`` points in the odometry frame, downsampled at ``voxel``, and their
         ``(P, 3)`` normals (computed once per change of keyframes)."""
         if self._map is None:
-            xyz = downsample(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in self._scans]),
-                             self.voxel)
-            self._map = (xyz, estimate_normals(xyz, self.normal_voxel))
+            building, self._building = self._building, None
+            self._map = building.result() if building is not None else self._build(list(self._scans))
         return self._map
+
+    def _build(self, scans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        xyz = geometry.voxel_mean(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in scans]),
+                                  self.voxel, self.device)
+        return xyz, estimate_normals(xyz, self.normal_voxel, self.device)
 
     def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float) -> Refinement:
         """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map. Used

@@ -60,7 +60,10 @@ Each scan goes through these stages:
    (``OdometryStep.refinement`` says whether it was). The registration decides trust; the map
    only removes the error of a 0.3 m-voxel, one-keyframe ICP (held-out VLP-32 drive, first 174 m:
    KITTI drift 2.6 % -> 0.02 %).
-7. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops.
+7. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops. What
+   the next scans need of it (k-d tree, normals, planarity; the local map with it) is computed from
+   then on helper threads with a GPU device, and a step waits only for what is not ready when it
+   asks (in line on the CPU: s2h_ros.surface says why).
 
 A failed scan yields no pose: callers (the ROS node, replay evaluation) publish nothing they
 cannot trust.
@@ -78,9 +81,11 @@ from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
+from s2h_ros.handover import in_background
 from s2h_ros.local_map import LocalMap
 from s2h_ros.pipeline import (PreparedCloud, Refinement, Registrar, RegistrationError, RegistrationResult,
                               check_cloud, ransac_on_correspondences)
+from s2h_ros.surface import on_device
 
 # Two hypotheses closer than this agree (translation: OdometryConfig.agree_distance).
 AGREE_ROTATION_DEG = 2.0
@@ -636,6 +641,11 @@ class KeyframeOdometry:
                       covariance: np.ndarray) -> None:
         self.keyframe_id += 1
         self.keyframes.append(Keyframe(prepared, pose, stamp, self.keyframe_id, covariance))
+        # The next scans register against it: on a GPU device its k-d tree, normals and planarity
+        # from now, on a helper thread (the next step waits for what is still being computed when it
+        # asks). On the CPU Open3D computes them, holding the interpreter lock: in line, when asked.
+        if on_device(self.registrar.config.device):
+            in_background(prepared.warm, self.registrar.config.voxel_size, name="keyframe")
         if self.local_map is not None:
             self.local_map.add(scan, pose)
 

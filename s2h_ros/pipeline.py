@@ -28,6 +28,7 @@ exactly as they were before centring existed.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,11 +41,12 @@ import torch
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
-from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence, surface_planarity,
+from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence,
                                  weakest_direction)
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
+from s2h_ros.surface import NORMAL_RADIUS_VOXELS, estimate_normals, estimate_surface, on_device, surface_planarity
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
 # sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
@@ -76,23 +78,57 @@ class PreparedCloud:
     _normals: np.ndarray | None = field(default=None, repr=False)
     _planarity: np.ndarray | None = field(default=None, repr=False)
     _tree: object = field(default=None, repr=False)
+    # Guards the three above: a keyframe's are computed on a helper thread (``warm``) while the
+    # worker may already ask for them; the worker then waits for the one in progress.
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def input_frame_xyz(self) -> np.ndarray:
         """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
         return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
 
+    @property
+    def device(self) -> torch.device:
+        """Where the features are (the CPU for a cloud without features)."""
+        return self.features.device if self.features is not None else torch.device("cpu")
+
     def normals(self, voxel_size: float) -> np.ndarray:
-        """``(M, 3)`` float64 unit normals of the voxels (:func:`estimate_normals`), computed once."""
-        if self._normals is None:
-            self._normals = estimate_normals(self.xyz, voxel_size)
-        return self._normals
+        """``(M, 3)`` float64 unit normals of the voxels (:mod:`s2h_ros.surface`, on the features'
+        device), computed once."""
+        with self._lock:
+            if self._normals is None:
+                self._normals, planarity = estimate_surface(self.xyz, voxel_size, self.device, planarity=False)
+                if self._planarity is None:
+                    self._planarity = planarity  # the GPU path gives both at once
+            return self._normals
 
     def planarity(self, voxel_size: float) -> np.ndarray:
-        """``(M,)`` planarity of each voxel's normal neighbourhood
-        (:func:`s2h_ros.degeneracy.surface_planarity`), computed once."""
-        if self._planarity is None:
-            self._planarity = surface_planarity(self.xyz, NORMAL_RADIUS_VOXELS * voxel_size)
-        return self._planarity
+        """``(M,)`` planarity of each voxel's normal neighbourhood (:mod:`s2h_ros.surface`), computed once."""
+        with self._lock:
+            if self._planarity is None and on_device(self.device):  # both from one neighbour search
+                normals, self._planarity = estimate_surface(self.xyz, voxel_size, self.device)
+                self._normals = normals if self._normals is None else self._normals
+            elif self._planarity is None:
+                self._planarity = surface_planarity(self.xyz, NORMAL_RADIUS_VOXELS * voxel_size)
+            return self._planarity
+
+    def kdtree(self):
+        """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""
+        with self._lock:
+            if self._tree is None:
+                from scipy.spatial import cKDTree
+
+                self._tree = cKDTree(self.xyz)
+            return self._tree
+
+    def warm(self, voxel_size: float) -> None:
+        """Compute now what a keyframe's registrations ask for (k-d tree, normals, planarity), in
+        the order they ask; an error is left for the registration that asks to raise."""
+        try:
+            self.kdtree()
+            self.normals(voxel_size)
+            self.planarity(voxel_size)
+        except Exception:  # noqa: BLE001 - the worker computes it again and raises there
+            pass
 
     def subset(self, index: np.ndarray, features: torch.Tensor | None = None) -> "PreparedCloud":
         """The voxels ``index`` ``(K,)`` int64 with their rows of ``features`` ``(M, C)`` (default: this
@@ -100,14 +136,6 @@ class PreparedCloud:
         features = self.features if features is None else features
         return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
                                    _normals=None, _planarity=None, _tree=None)
-
-    def kdtree(self):
-        """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""
-        if self._tree is None:
-            from scipy.spatial import cKDTree
-
-            self._tree = cKDTree(self.xyz)
-        return self._tree
 
 
 @dataclass
@@ -908,24 +936,6 @@ def ransac_on_correspondences(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarra
     return ransac(src, tgt, pairs, cfg.inlier_distance, cfg.ransac_iters, cfg.seed, cfg.device).transform
 
 
-# Neighbourhood of a normal for point-to-plane ICP: the 30 nearest voxels within this many voxel
-# sizes. Dense scans reach 30 neighbours within about 1 m at 0.3 m voxels either way; on sparse
-# scans (16 beams) a 2-voxel radius holds only points of one ring, a line whose PCA "normal" lies
-# in the ground plane, and ICP then slides the scan onto the rings that move with the sensor
-# (measured: 0.4-2 m wrong, trusted steps on a VLP-16 drive; none with 5 voxels).
-NORMAL_RADIUS_VOXELS = 5.0
-
-
-def estimate_normals(xyz: np.ndarray, voxel: float) -> np.ndarray:
-    """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels (Open3D PCA over the 30 nearest within
-    ``NORMAL_RADIUS_VOXELS`` voxels)."""
-    import open3d as o3d
-
-    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(xyz.astype(np.float64)))
-    pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=NORMAL_RADIUS_VOXELS * voxel, max_nn=30))
-    return np.asarray(pcd.normals)
-
-
 def icp_on_device(cfg: RegistrationConfig) -> bool:
     """Whether ``refine_icp`` runs on ``cfg.device`` (s2h_ros.icp) rather than in Open3D (``icp_backend``)."""
     if cfg.icp_backend == "auto":
@@ -938,7 +948,7 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
     """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds: Open3D, or the same
     iteration on ``cfg.device`` (``icp_on_device``); the target's ``(M, 3)`` normals are
     estimated here unless given (a keyframe's are computed once)."""
-    normals = estimate_normals(tgt, cfg.voxel_size) if tgt_normals is None else tgt_normals
+    normals = estimate_normals(tgt, cfg.voxel_size, cfg.device) if tgt_normals is None else tgt_normals
     if icp_on_device(cfg):
         from s2h_ros.icp import point_to_plane_icp
 

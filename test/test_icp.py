@@ -11,7 +11,8 @@ from scipy.spatial import cKDTree
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.icp import HashGrid, point_to_plane_icp
-from s2h_ros.pipeline import estimate_normals, icp_on_device, refine_icp
+from s2h_ros.pipeline import icp_on_device, refine_icp
+from s2h_ros.surface import estimate_normals
 
 RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
 

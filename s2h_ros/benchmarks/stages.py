@@ -118,8 +118,9 @@ def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | N
     except ImportError:
         return None
     from s2h_ros.config import RegistrationConfig
-    from s2h_ros.pipeline import Registrar, estimate_normals, match_features, ransac_on_correspondences, \
+    from s2h_ros.pipeline import Registrar, match_features, ransac_on_correspondences, \
         refine_icp, verify
+    from s2h_ros.surface import estimate_normals
 
     cfg = RegistrationConfig(voxel_size=voxel, features="fcgf")
     reg = Registrar(cfg)

@@ -1,0 +1,87 @@
+"""s2h_ros.surface (normals and planarity, two ways) and geometry.voxel_mean, against Open3D on the
+real RAW KITTI 00 frame 0; the GPU path's helper threads (keyframe warm-up, local map) on the CPU."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import open3d as o3d
+import pytest
+
+from s2h_ros import geometry, local_map, surface
+from s2h_ros.handover import in_background
+from s2h_ros.surface import NEIGHBOURS, NORMAL_RADIUS_VOXELS, local_covariances, normals_and_planarity
+
+RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
+VOXEL = 0.3
+
+
+@pytest.fixture(scope="module")
+def raw_scan() -> np.ndarray:
+    return np.fromfile(RAW_KITTI / "000000.bin", np.float32).reshape(-1, 3).astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def voxels(raw_scan) -> np.ndarray:
+    return raw_scan[geometry.voxel_downsample(raw_scan, VOXEL)]
+
+
+def _sorted(xyz: np.ndarray) -> np.ndarray:
+    return xyz[np.lexsort(xyz.T)]
+
+
+@pytest.mark.parametrize("offset", [0.0, 2e5])  # and 200 km from the origin, where odometry maps go
+def test_voxel_mean_gives_open3d_voxel_down_sample_points_bit_for_bit(raw_scan, offset):
+    points = raw_scan + offset
+    ours = geometry.voxel_mean(points, 0.15)
+    theirs = np.asarray(o3d.geometry.PointCloud(o3d.utility.Vector3dVector(points)).voxel_down_sample(0.15).points)
+    assert len(ours) == len(theirs) > 30_000
+    np.testing.assert_array_equal(_sorted(ours), _sorted(theirs))
+
+
+def test_the_device_path_gives_open3d_normals_and_planarity(voxels):
+    """The torch way (what a GPU device runs, here on the CPU) against the CPU's Open3D way, on the
+    20k voxels of a real HDL-64E scan, including the neighbourhoods of fewer than 3 voxels."""
+    covariances, counts = local_covariances(voxels, NORMAL_RADIUS_VOXELS * VOXEL, NEIGHBOURS, "cpu")
+    normals, planarity = normals_and_planarity(covariances, counts)
+    reference, reference_planarity = surface.estimate_surface(voxels, VOXEL, "cpu")
+    assert (counts.numpy() < 3).sum() > 10  # isolated voxels occur and are compared too
+    np.testing.assert_allclose(np.linalg.norm(normals, axis=1), 1.0, atol=1e-9)
+    angle = np.degrees(np.arccos(np.clip(np.abs(np.sum(normals * reference, axis=1)), 0.0, 1.0)))
+    assert np.percentile(angle, 99.9) < 1e-3, np.percentile(angle, [50, 99, 99.9, 100])
+    # Where the two smallest eigenvalues (nearly) tie the normal is any direction in their plane:
+    # the two ways may then pick different ones. Everywhere else they agree.
+    assert (angle > 0.01).mean() < 1e-3
+    np.testing.assert_allclose(planarity, reference_planarity, atol=1e-5)  # Open3D sums in absolute coordinates
+
+
+def test_in_background_hands_back_the_result_or_the_exception():
+    assert in_background(sum, [1, 2, 3]).result(timeout=10) == 6
+    with pytest.raises(ZeroDivisionError):
+        in_background(lambda: 1 / 0).result(timeout=10)
+
+
+def test_the_local_map_built_on_a_helper_thread_is_the_one_built_in_line(raw_scan, monkeypatch):
+    """With a GPU device the map of a new keyframe is built on a helper thread from ``add`` on
+    (here: the device path forced on the CPU); the refinement waits for it and gets the same map."""
+    second = np.fromfile(RAW_KITTI / "000001.bin", np.float32).reshape(-1, 3)
+    pose = geometry.make_transform(np.eye(3), np.array([0.8, 0.0, 0.0]))
+
+    def built(on_device: bool):
+        monkeypatch.setattr(local_map, "on_device", lambda device: on_device)
+        monkeypatch.setattr(surface, "on_device", lambda device: on_device)
+        threads = set(threading.enumerate())
+        lm = local_map.LocalMap(voxel=0.3, keyframes=3)
+        lm.add(lm.scan(raw_scan), np.eye(4))
+        lm.add(lm.scan(second), pose)
+        helpers = [t.name for t in set(threading.enumerate()) - threads]
+        return lm.points(), helpers
+
+    (xyz_thread, normals_thread), _ = built(True)
+    (xyz_line, normals_line), helpers = built(False)
+    assert not helpers  # in line on the CPU path
+    np.testing.assert_array_equal(_sorted(xyz_thread), _sorted(xyz_line))
+    order_thread, order_line = np.lexsort(xyz_thread.T), np.lexsort(xyz_line.T)
+    dots = np.abs(np.sum(normals_thread[order_thread] * normals_line[order_line], axis=1))
+    assert np.percentile(dots, 0.1) > 1 - 1e-6
