@@ -79,13 +79,20 @@ def normals_and_planarity(covariances: torch.Tensor, counts: torch.Tensor) -> tu
     ("lazy wrapper should be called at most once"). On the CPU: 20 ms for 20,000 on this project's
     2-core VM, 118 ms on that machine's CPU (on a helper thread, off the scan's path)."""
     values, vectors = torch.linalg.eigh(covariances.cpu())  # ascending
-    normals = vectors[:, :, 0]
-    s = values.clamp(min=0).sqrt()
-    planarity = torch.nan_to_num((s[:, 1] - s[:, 0]) / s[:, 2], nan=0.0, posinf=0.0, neginf=0.0).clamp(0.0, 1.0)
-    none = counts < 3
-    normals[none] = torch.tensor([0.0, 0.0, 1.0], dtype=normals.dtype, device=normals.device)
+    normals, planarity = vectors[:, :, 0].numpy().copy(), _planarity(values.numpy())
+    none = counts.cpu().numpy() < 3
+    normals[none] = (0.0, 0.0, 1.0)
     planarity[none] = 0.0
-    return normals.numpy(), planarity.numpy()
+    return normals, planarity
+
+
+def _planarity(eigenvalues: np.ndarray) -> np.ndarray:
+    """``(M,)`` ``(s2 - s3) / s1`` in [0, 1] of ``(M, 3)`` ascending covariance eigenvalues (module
+    text); 0 where a neighbourhood has no spread."""
+    s = np.sqrt(np.maximum(eigenvalues, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        planarity = (s[:, 1] - s[:, 0]) / s[:, 2]
+    return np.clip(np.nan_to_num(planarity, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
 
 
 def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu",
@@ -113,7 +120,4 @@ def surface_planarity(xyz: np.ndarray, radius: float, max_nn: int = NEIGHBOURS,
         return normals_and_planarity(*local_covariances(xyz, radius, max_nn, device))[1]
     cloud, o3d = _open3d_cloud(xyz)
     cloud.estimate_covariances(o3d.geometry.KDTreeSearchParamHybrid(radius=radius, max_nn=max_nn))
-    s = np.sqrt(np.maximum(np.linalg.eigvalsh(np.asarray(cloud.covariances)), 0.0))  # ascending
-    with np.errstate(divide="ignore", invalid="ignore"):
-        planarity = (s[:, 1] - s[:, 0]) / s[:, 2]
-    return np.clip(np.nan_to_num(planarity, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
+    return _planarity(np.linalg.eigvalsh(np.asarray(cloud.covariances)))
