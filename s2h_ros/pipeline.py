@@ -46,7 +46,7 @@ from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy,
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
-from s2h_ros.surface import NORMAL_RADIUS_VOXELS, estimate_normals, estimate_surface, on_device, surface_planarity
+from s2h_ros.surface import estimate_normals, estimate_surface
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
 # sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
@@ -96,20 +96,21 @@ class PreparedCloud:
         device), computed once."""
         with self._lock:
             if self._normals is None:
-                self._normals, planarity = estimate_surface(self.xyz, voxel_size, self.device, planarity=False)
-                if self._planarity is None:
-                    self._planarity = planarity  # the GPU path gives both at once
+                self._keep_surface(voxel_size, planarity=False)
             return self._normals
 
     def planarity(self, voxel_size: float) -> np.ndarray:
         """``(M,)`` planarity of each voxel's normal neighbourhood (:mod:`s2h_ros.surface`), computed once."""
         with self._lock:
-            if self._planarity is None and on_device(self.device):  # both from one neighbour search
-                normals, self._planarity = estimate_surface(self.xyz, voxel_size, self.device)
-                self._normals = normals if self._normals is None else self._normals
-            elif self._planarity is None:
-                self._planarity = surface_planarity(self.xyz, NORMAL_RADIUS_VOXELS * voxel_size)
+            if self._planarity is None:
+                self._keep_surface(voxel_size, normals=False)
             return self._planarity
+
+    def _keep_surface(self, voxel_size: float, normals: bool = True, planarity: bool = True) -> None:
+        """Compute what is asked (a GPU device gives both at once) and keep what is new; under ``_lock``."""
+        unit, flatness = estimate_surface(self.xyz, voxel_size, self.device, normals, planarity)
+        self._normals = unit if self._normals is None else self._normals
+        self._planarity = flatness if self._planarity is None else self._planarity
 
     def kdtree(self):
         """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""

@@ -43,7 +43,13 @@ def on_device(device: str | torch.device) -> bool:
 def _open3d_cloud(xyz: np.ndarray):
     import open3d as o3d
 
-    return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64))), o3d
+    return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
+
+
+def _open3d_search(radius: float):
+    import open3d as o3d
+
+    return o3d.geometry.KDTreeSearchParamHybrid(radius=radius, max_nn=NEIGHBOURS)
 
 
 def local_covariances(xyz: np.ndarray, radius: float, max_nn: int = NEIGHBOURS,
@@ -95,29 +101,27 @@ def _planarity(eigenvalues: np.ndarray) -> np.ndarray:
     return np.clip(np.nan_to_num(planarity, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
 
 
-def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu",
-                     planarity: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels of size ``voxel`` and, when asked (always
-    on a GPU device, where both come from one neighbour search), their ``(M,)`` planarity."""
+def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu", normals: bool = True,
+                     planarity: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(M, 3)`` float64 unit normals and ``(M,)`` planarity of ``(M, 3)`` voxels of size ``voxel``,
+    each when asked (None otherwise); on a GPU device both, from one neighbour search."""
     radius = NORMAL_RADIUS_VOXELS * voxel
     if on_device(device):
         return normals_and_planarity(*local_covariances(xyz, radius, NEIGHBOURS, device))
-    cloud, o3d = _open3d_cloud(xyz)
-    cloud.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=radius, max_nn=NEIGHBOURS))
-    return np.asarray(cloud.normals), (surface_planarity(xyz, radius) if planarity else None)
+    search = _open3d_search(radius)
+    unit = None
+    if normals:
+        cloud = _open3d_cloud(xyz)
+        cloud.estimate_normals(search)
+        unit = np.asarray(cloud.normals)
+    flatness = None
+    if planarity:
+        cloud = _open3d_cloud(xyz)
+        cloud.estimate_covariances(search)
+        flatness = _planarity(np.linalg.eigvalsh(np.asarray(cloud.covariances)))
+    return unit, flatness
 
 
 def estimate_normals(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu") -> np.ndarray:
     """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels of size ``voxel`` (module text)."""
     return estimate_surface(xyz, voxel, device, planarity=False)[0]
-
-
-def surface_planarity(xyz: np.ndarray, radius: float, max_nn: int = NEIGHBOURS,
-                      device: str | torch.device = "cpu") -> np.ndarray:
-    """``(M,)`` planarity in [0, 1] of each of the ``(M, 3)`` voxels' neighbourhoods (its ``max_nn``
-    nearest within ``radius``; module text)."""
-    if on_device(device):
-        return normals_and_planarity(*local_covariances(xyz, radius, max_nn, device))[1]
-    cloud, o3d = _open3d_cloud(xyz)
-    cloud.estimate_covariances(o3d.geometry.KDTreeSearchParamHybrid(radius=radius, max_nn=max_nn))
-    return _planarity(np.linalg.eigvalsh(np.asarray(cloud.covariances)))

@@ -91,11 +91,11 @@ def test_the_odometry_with_keyframes_prepared_on_helper_threads_gives_the_poses_
     """The GPU path's helper threads (a keyframe's k-d tree, normals and planarity; the local map),
     forced on the CPU, against the CPU's in-line path on the 8-scan VLP-16 drive: the same verdicts
     and the same poses (the two ways' normals differ in the last digits only)."""
-    from s2h_ros import odometry, pipeline
+    from s2h_ros import odometry
     from s2h_ros.config import OdometryConfig, RegistrationConfig
 
     def drive(on_device: bool):
-        for module in (surface, local_map, odometry, pipeline):
+        for module in (surface, local_map, odometry):
             monkeypatch.setattr(module, "on_device", lambda device: on_device)
         started = []
         real_start = threading.Thread.start
