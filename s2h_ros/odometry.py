@@ -83,12 +83,10 @@ from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.handover import in_background
 from s2h_ros.local_map import LocalMap
-from s2h_ros.pipeline import (PreparedCloud, Refinement, Registrar, RegistrationError, RegistrationResult,
-                              check_cloud, ransac_on_correspondences)
+from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
+                              RegistrationResult, check_cloud, ransac_on_correspondences)
 from s2h_ros.surface import on_device
 
-# Two hypotheses closer than this agree (translation: OdometryConfig.agree_distance).
-AGREE_ROTATION_DEG = 2.0
 # A trusted tracking result that corrects the prediction by more than AGREE_* but less than this
 # rotation (and less than prior_radius) stands when ICP from the prediction lands on it as well.
 TRACKING_CORRECTION_DEG = 10.0

@@ -252,6 +252,17 @@ class RegistrationResult:
 # the geometry); sparse 16-beam pairs keep 2-5 % at the right heading, so they try every heading.
 DECISIVE_INLIER_RATIO = 0.1
 
+# Two hypotheses of one scan closer than this (and half the inlier distance) agree: the global
+# search's rivals here, the odometry's hypotheses (s2h_ros.odometry), the fine stage's turn.
+AGREE_ROTATION_DEG = 2.0
+
+# A global search's trusted result stands against a rival (another hypothesis of the same search
+# that disagrees with it yet has min_inliers inlier matches and RIVAL_FITNESS_SHARE of min_fitness,
+# whichever test refused it) only with this many times the rival's inlier matches
+# (Registrar._without_rival).
+RIVAL_INLIER_RATIO = 1.5
+RIVAL_FITNESS_SHARE = 0.5
+
 
 def _better(candidate: RegistrationResult, current: RegistrationResult) -> bool:
     """Heading hypotheses: a trusted result beats an untrusted one, and among trusted ones more
@@ -280,6 +291,20 @@ class _Hypothesis:
     def learned(self) -> bool:
         """T is the weighted Procrustes of learned inlier weights."""
         return not self.fallback and not self.message and not self.deferred
+
+
+def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig) -> bool:
+    """An untrusted result whose inlier matches say nothing about one pose of the scene: at zero
+    motion (the sensors less than ``inlier_distance`` apart), where they may be the pattern the
+    sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
+    ``_zero_motion_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
+    matches beside right results with 37-56), or where the geometry hardly constrains a direction
+    (weakest constraint below ``min_constraint``): matches of structure extended along it support
+    every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31)."""
+    if result.success:
+        return False
+    degenerate = result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.min_constraint
+    return degenerate or float(np.linalg.norm(result.transform[:3, 3])) < cfg.inlier_distance
 
 
 def _decisive(result: RegistrationResult) -> bool:
@@ -574,6 +599,7 @@ class Registrar:
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
         structure = support is None  # a global search's results must pass _zero_motion_doubt too
         result = self._finished(src, tgt, first, timer, structure=structure)
+        verified = [result]  # every hypothesis refined and verified, for the rival test
         for heading in headings[1:]:
             if _decisive(result):
                 break
@@ -584,6 +610,7 @@ class Registrar:
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
                 continue
             candidate = self._finished(src, tgt, hyp, timer, structure=structure)
+            verified.append(candidate)
             if _better(candidate, result):
                 result = candidate
         # DGR's safeguard, second trigger: learned weights that no hypothesis turned into a trusted
@@ -592,11 +619,57 @@ class Registrar:
             reason = hyp.fallback if hyp.deferred else "learned estimate not trusted"
             candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer,
                                        structure=structure)
+            verified.append(candidate)
             if _better(candidate, result):
                 result = candidate
             if _decisive(result):
                 break
+        return self._without_rival(result, verified) if structure else result
+
+    def _without_rival(self, result: RegistrationResult, verified: list[RegistrationResult]) -> RegistrationResult:
+        """``result``, the global search's best, still trusted only if no rival stands beside it: a
+        hypothesis of the same search (another heading, the RANSAC safeguard's re-estimate) that
+        disagrees with it (by half the inlier distance or ``AGREE_ROTATION_DEG``), has
+        ``min_inliers`` inlier matches and explains some of the scan (``RIVAL_FITNESS_SHARE`` of
+        ``min_fitness``), whichever test refused it, unless the result has ``RIVAL_INLIER_RATIO``
+        times its inlier matches. Inlier matches are what the features say; a second pose that
+        nearly as many of them support means the scene fits both. The rival's fitness need not
+        reach ``min_fitness``: fitness also measures overlap, low at the truth of a pair seen from
+        far apart. An untrusted hypothesis that pins no pose (at zero motion, or degenerate) is no rival
+        (``_pins_no_pose``).
+
+        A scene symmetric under a turn fits the scan turned as well as the right way: a held-out
+        HDL-32 highway pair 14 m apart was trusted turned around (58 inlier matches, fitness 0.66,
+        180 deg / 27 m off; the right heading, 118 and 0.73, refused by the slide test), a
+        development HDL-64 parking-lot pair turned by 90 deg (121, 0.60, 23 m off; the right
+        heading 94, fitness 0.29). Development worlds (36 drives, 288 pairs, every hypothesis
+        kept): this refuses that one wrong result and none of the 151 right ones trusted. The ratio,
+        the fitness share and what pins no pose were set on two held-out runs (right results
+        refused beside rivals 1.7x short, fitting 0.11, degenerate, or at zero motion) and checked
+        on a fresh one (docs/reliability.md)."""
+        cfg = self.config
+        if not result.success:
+            return result
+        rivals = [c for c in verified if c.num_inliers >= cfg.min_inliers
+                  and c.fitness >= RIVAL_FITNESS_SHARE * cfg.min_fitness and not _pins_no_pose(c, cfg)
+                  and not self._agree(c.transform, result.transform)]
+        if not rivals:
+            return result
+        rival = max(rivals, key=lambda c: c.num_inliers)
+        if result.num_inliers >= RIVAL_INLIER_RATIO * rival.num_inliers:
+            return result
+        re, te = geometry.transform_errors(rival.transform, result.transform)
+        result.success = False
+        result.message = (f"ambiguous: the heading {rival.heading_deg:.0f} deg hypothesis, {te:.1f} m / {re:.0f} deg "
+                          f"away, has {rival.num_inliers} inlier matches and fitness {rival.fitness:.2f} (this one "
+                          f"{result.num_inliers}, {result.fitness:.2f}; need {RIVAL_INLIER_RATIO:g}x its matches to "
+                          f"stand): the scene fits both{'; it was refused: ' + rival.message if rival.message else ''}")
         return result
+
+    def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
+        """Two transforms (4, 4) within half the inlier distance and ``AGREE_ROTATION_DEG``."""
+        re, te = geometry.transform_errors(A, B)
+        return te < self.config.inlier_distance / 2 and re < AGREE_ROTATION_DEG
 
     def prior_support(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Tracking's S2H candidate edges (:func:`s2h_ros.matching.prior_support`): the target
@@ -772,7 +845,8 @@ class Registrar:
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         if success and structure:
-            message = self._zero_motion_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer)
+            message = self._zero_motion_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer,
+                                              slide, degeneracy)
             success = not message
         return RegistrationResult(
             transform=transform,
@@ -800,20 +874,37 @@ class Registrar:
         )
 
     def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, moved: float,
-                           fitness: float, timer: _Timer) -> str:
+                           fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
+                           degeneracy: Degeneracy | None = None) -> str:
         """A global search's result (no motion prior behind it) at zero motion (``moved`` metres,
-        less than ``inlier_distance``) must fit off the ground too (``structure_fitness``): the
-        refusal message, "" when it does or the result moved."""
+        less than ``inlier_distance``) must fit off the ground too (``structure_fitness``), and, in
+        the grey zone of the constraint measure (``slide`` asked), so must the structure that would
+        show a motion along the weakest direction (``slide.fits``): the refusal message, "" when
+        it does or the result moved.
+
+        The ground is not the only pattern a sensor draws the same way wherever it stands: rings
+        on a guardrail, a noise barrier or a tunnel wall along the road lie on their twins at zero
+        motion too, and fit off the ground whatever the truth (held-out VLP-16 highway pair 19.5 m
+        apart: trusted at zero motion with 0.89 of the off-ground voxels fitting, 0.32 of the
+        poles and sign posts). A sensor at rest sees its poles where they were: on development
+        worlds, right zero-motion results in the grey zone fitted 0.90-0.96 of that structure,
+        the wrong ones 0.01-0.08 (docs/reliability.md)."""
         cfg = self.config
         if cfg.min_structure_fitness <= 0 or moved >= cfg.inlier_distance:
             return ""
         with timer.stage("verify"):
             structure_fit = structure_fitness(src, tgt, T, cfg)
-        if structure_fit is None or structure_fit >= cfg.min_structure_fitness:
-            return ""
-        return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only {structure_fit:.2f} "
-                f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the scene, "
-                "aligns")
+        if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
+            return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only {structure_fit:.2f} "
+                    f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the "
+                    "scene, aligns")
+        if slide is not None and degeneracy is not None and slide.fits < cfg.min_structure_fitness:
+            return (f"not trusted: zero motion ({moved:.2f} m) where the geometry hardly constrains "
+                    f"{degeneracy.describe()} (weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}), "
+                    f"and only {slide.fits:.2f} of the {slide.structures} voxels of structure that would show a motion "
+                    f"along it (poles, signs, ends of walls) fit (need {cfg.min_structure_fitness:.2f}): the sensor's "
+                    "pattern on structure along that direction (rails, walls), not the scene, aligns")
+        return ""
 
     def repetition_of(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
                       timer: _Timer | None = None) -> Repetition | None:
@@ -973,9 +1064,9 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
     return np.asarray(res.transformation, dtype=np.float64)
 
 
-# The fine stage may turn the refined result by less than this (the odometry's agreement angle),
-# and runs at most this many generalized-ICP iterations.
-FINE_MAX_TURN_DEG = 2.0
+# The fine stage may turn the refined result by less than this (the agreement angle), and runs at
+# most this many generalized-ICP iterations.
+FINE_MAX_TURN_DEG = AGREE_ROTATION_DEG
 FINE_ITERATIONS = 50
 
 

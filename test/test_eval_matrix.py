@@ -185,8 +185,8 @@ def test_matrix_command_writes_json_markdown_heat_map_and_streamed_records(tmp_p
 def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cell():
     cells = mx.matrix_cells(0, sensors="vlp16", families="town,tunnel", indoor_sensors="", mixed="", real="")
 
-    def record(cell, method, ok, success, ratio=None, wall=1.0):
-        info = {"feature_kind": "fcgf"} if method == "s2h" else {}
+    def record(cell, method, ok, success, ratio=None, wall=1.0, fallback=False):
+        info = {"feature_kind": "fcgf", "used_fallback": fallback} if method == "s2h" else {}
         if ratio is not None:
             info["gt_inlier_ratio"] = ratio
         return {"cell": cell, "method": method, "pair": "p", "re_deg": 0.1 if ok else 90.0,
@@ -194,12 +194,17 @@ def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cel
                 "wall_s": wall, "peak_rss_mb": 1.0, "cuda_peak_mb": None, "timings": {}, "info": info}
 
     records = [record("vlp16/town", "s2h", True, True, 0.2, 2.0), record("vlp16/town", "s2h", True, False, 0.1, 4.0),
+               record("vlp16/town", "s2h", True, True, 0.3, 3.0, fallback=True),
                record("vlp16/town", "fpfh_ransac", False, True),
-               record("vlp16/tunnel", "s2h", False, True, 0.0), record("vlp16/tunnel", "s2h", False, False, 0.0),
+               record("vlp16/tunnel", "s2h", False, True, 0.0),
+               record("vlp16/tunnel", "s2h", False, False, 0.0, fallback=True),
                record("vlp16/tunnel", "fpfh_ransac", False, True)]
     summary = mx.summarize_matrix(cells, records)
     town, tunnel = summary["vlp16/town"], summary["vlp16/tunnel"]
-    assert town["s2h"]["recall"] == 1.0 and town["s2h"]["gt_inlier_ratio_mean"] == pytest.approx(0.15)
+    assert town["s2h"]["recall"] == 1.0 and town["s2h"]["gt_inlier_ratio_mean"] == pytest.approx(0.2)
+    assert (town["s2h"]["trusted"], town["s2h"]["fallbacks"], town["s2h"]["trusted_fallbacks"]) == (2, 1, 1)
+    assert (tunnel["s2h"]["trusted"], tunnel["s2h"]["fallbacks"], tunnel["s2h"]["trusted_fallbacks"]) == (1, 1, 0)
+    assert town["fpfh_ransac"]["fallbacks"] is None
     assert (town["s2h"]["wrong_trusted"], tunnel["s2h"]["wrong_trusted"], tunnel["fpfh_ransac"]["wrong_trusted"]) \
         == (0, 1, 1)
     assert town["s2h"]["feature_kinds"] == ["fcgf"] and town["fpfh_ransac"]["gt_inlier_ratio_mean"] is None
@@ -207,9 +212,11 @@ def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cel
     header = [h.strip() for h in lines[0].split("|")[1:-1]]
     town_row = dict(zip(header, [v.strip() for v in lines[2].split("|")[1:-1]]))
     tunnel_row = dict(zip(header, [v.strip() for v in lines[3].split("|")[1:-1]]))
-    assert town_row["s2h recall (%)"] == "100" and town_row["s2h inlier frac."] == "0.150"
+    assert town_row["s2h recall (%)"] == "100" and town_row["s2h inlier frac."] == "0.200"
     assert town_row["s2h s/pair"] == "3.00" and town_row["fpfh_ransac recall (%)"] == "0"
+    assert town_row["s2h trusted"] == "2" and town_row["s2h RANSAC (trusted)"] == "1 (1)"
     assert tunnel_row["s2h wrong trusted"] == "1" and tunnel_row["s2h RE (deg)"] == "-"
+    assert tunnel_row["s2h RANSAC (trusted)"] == "1 (0)"
     assert "fpfh_ransac inlier frac." not in header
 
 

@@ -124,9 +124,11 @@ def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
         "reported_success": float(np.mean([r["success"] for r in records])),
         # trusted (success) but beyond the recall thresholds: what a user must never be handed
         "wrong_trusted": int(sum(bool(r["success"]) and not r["registered"] for r in records)),
-        # pairs whose transform came from DGR's RANSAC safeguard instead of learned weights
-        "fallbacks": (int(sum(bool(r["info"]["used_fallback"]) for r in records))
-                      if all("used_fallback" in r.get("info", {}) for r in records) else None),
+        "trusted": int(sum(bool(r["success"]) for r in records)),
+        # pairs whose transform came from DGR's RANSAC safeguard instead of learned weights, and
+        # those of them reported as trusted (the safeguard's answer is what the user is handed)
+        "fallbacks": _fallbacks(records, trusted_only=False),
+        "trusted_fallbacks": _fallbacks(records, trusted_only=True),
         "exceptions": int(sum(r["error"] is not None for r in records)),
         "time_mean_s": float(wall.mean()),
         "time_median_s": float(np.median(wall)),
@@ -136,6 +138,14 @@ def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
         "cuda_peak_mb_max": float(max(cuda)) if cuda else None,
         "info_mean": _info_means(records),
     }
+
+
+def _fallbacks(records: list[dict], trusted_only: bool) -> int | None:
+    """How many ``records`` took DGR's RANSAC safeguard (of them trusted only: ``trusted_only``);
+    None for a method that does not report it."""
+    if not all("used_fallback" in r.get("info", {}) for r in records):
+        return None
+    return int(sum(bool(r["info"]["used_fallback"]) and (bool(r["success"]) or not trusted_only) for r in records))
 
 
 def _info_means(records: list[dict]) -> dict[str, float]:

@@ -241,9 +241,9 @@ def evaluate_matrix(cells: list[Cell], methods: dict[str, dict[str, Any]], setti
 
 def summarize_matrix(cells: list[Cell], records: list[dict]) -> dict[str, dict[str, dict]]:
     """``{cell key: {method: summary}}`` over the records made so far (cells without any left out);
-    each summary is ``summarize_method``'s plus ``gt_inlier_ratio_mean`` (S2H methods),
-    ``feature_kinds`` (the features s2h used there: fcgf, or fpfh where no weights apply) and
-    ``wrong_trusted`` (pairs the method reported as a success that are not registered)."""
+    each summary is ``summarize_method``'s (``trusted``, ``wrong_trusted``, the safeguard's
+    ``fallbacks`` included) plus ``gt_inlier_ratio_mean`` (S2H methods) and ``feature_kinds`` (the
+    features s2h used there: fcgf, or fpfh where no weights apply)."""
     from s2h_ros.evaluation.harness import summarize_records
 
     out: dict[str, dict[str, dict]] = {}
@@ -256,7 +256,6 @@ def summarize_matrix(cells: list[Cell], records: list[dict]) -> dict[str, dict[s
             s["gt_inlier_ratio_mean"] = s["info_mean"].get("gt_inlier_ratio")
             own = [r for r in mine if r["method"] == name]
             s["feature_kinds"] = sorted({r["info"].get("feature_kind") for r in own} - {None, ""})
-            s["wrong_trusted"] = sum(bool(r["success"]) and not r["registered"] for r in own)
         out[cell.key] = summary
     return out
 
@@ -276,14 +275,16 @@ def has_matches(method: str) -> bool:
 
 def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
     """Markdown: one row per cell; per method recall (%), mean RE (deg) and TE (cm) over the
-    registered pairs, for s2h methods the S2H matches' ground-truth inlier fraction and the pairs
-    reported as trusted that are wrong (FPFH + RANSAC trusts every result), and s / pair."""
+    registered pairs, for s2h methods the S2H matches' ground-truth inlier fraction, the pairs
+    reported as trusted and those of them that are wrong (FPFH + RANSAC trusts every result), the
+    pairs whose transform came from the RANSAC safeguard (of them trusted), and s / pair."""
     from s2h_ros.evaluation.report import _fmt, markdown_table
 
     header = ["cell", "data", "seed", "pairs"]
     for m in methods:
         header += [f"{m} recall (%)", f"{m} RE (deg)", f"{m} TE (cm)"]
-        header += [f"{m} inlier frac.", f"{m} wrong trusted"] if has_matches(m) else []
+        header += [f"{m} inlier frac.", f"{m} trusted", f"{m} wrong trusted", f"{m} RANSAC (trusted)"] \
+            if has_matches(m) else []
         header += [f"{m} s/pair"]
     rows = []
     for cell in cells:
@@ -295,10 +296,12 @@ def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods
         for m in methods:
             s = by_method.get(m)
             if s is None:
-                row += ["-"] * (6 if has_matches(m) else 4)
+                row += ["-"] * (8 if has_matches(m) else 4)
                 continue
             row += [_fmt(s["recall"], 100, 0), _fmt(s["re_mean_deg"]), _fmt(s["te_mean_m"], 100, 1)]
-            row += [_fmt(s["gt_inlier_ratio_mean"], 1, 3), str(s["wrong_trusted"])] if has_matches(m) else []
+            row += [_fmt(s["gt_inlier_ratio_mean"], 1, 3), str(s["trusted"]), str(s["wrong_trusted"]),
+                    "-" if s["fallbacks"] is None else f"{s['fallbacks']} ({s['trusted_fallbacks']})"] \
+                if has_matches(m) else []
             row += [_fmt(s["time_mean_s"], 1, 2)]
         rows.append(row)
     return markdown_table(header, rows)
