@@ -885,7 +885,7 @@ class Registrar:
         The ground is not the only pattern a sensor draws the same way wherever it stands: rings
         on a guardrail, a noise barrier or a tunnel wall along the road lie on their twins at zero
         motion too, and fit off the ground whatever the truth (held-out VLP-16 highway pair 19.5 m
-        apart: trusted at zero motion with 0.89 of the off-ground voxels fitting, 0.32 of the
+        apart: trusted at zero motion with 0.87 of the off-ground voxels fitting, 0.32 of the
         poles and sign posts). A sensor at rest sees its poles where they were: on development
         worlds, right zero-motion results in the grey zone fitted 0.90-0.96 of that structure,
         the wrong ones 0.01-0.08 (docs/reliability.md)."""
