@@ -84,7 +84,7 @@ from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.handover import in_background
 from s2h_ros.local_map import LocalMap
 from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
-                              RegistrationResult, check_cloud, ransac_on_correspondences)
+                              RegistrationResult, agree, check_cloud, ransac_on_correspondences)
 from s2h_ros.surface import on_device
 
 # A trusted tracking result that corrects the prediction by more than AGREE_* but less than this
@@ -517,8 +517,7 @@ class KeyframeOdometry:
         return self.cfg.agree_distance or self.registrar.config.inlier_distance / 2
 
     def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
-        re, te = geometry.transform_errors(A, B)
-        return te < self.agree_distance() and re < AGREE_ROTATION_DEG
+        return agree(A, B, self.agree_distance())
 
     def _tracked(self, index: int, stamp: float, prepared: PreparedCloud, scan: np.ndarray | None, keyframe: Keyframe,
                  result: RegistrationResult, event: str = "") -> OdometryStep:

@@ -252,9 +252,21 @@ class RegistrationResult:
 # the geometry); sparse 16-beam pairs keep 2-5 % at the right heading, so they try every heading.
 DECISIVE_INLIER_RATIO = 0.1
 
-# Two hypotheses of one scan closer than this (and half the inlier distance) agree: the global
+# Two hypotheses of one scan closer than this (and a distance: ``agree``) agree: the global
 # search's rivals here, the odometry's hypotheses (s2h_ros.odometry), the fine stage's turn.
 AGREE_ROTATION_DEG = 2.0
+
+
+def agree(A: np.ndarray, B: np.ndarray, distance: float) -> bool:
+    """Two (4, 4) transforms of one scan agree: within ``distance`` metres and ``AGREE_ROTATION_DEG``."""
+    re, te = geometry.transform_errors(A, B)
+    return te < distance and re < AGREE_ROTATION_DEG
+
+
+def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
+    """The (4, 4) result (input frames) puts the sensors less than ``inlier_distance`` apart: where
+    a sensor's own pattern (rings, rosette) lies on its twin whatever the scene."""
+    return float(np.linalg.norm(transform[:3, 3])) < cfg.inlier_distance
 
 # A global search's trusted result stands against a rival (another hypothesis of the same search
 # that disagrees with it yet has min_inliers inlier matches and RIVAL_FITNESS_SHARE of min_fitness,
@@ -304,7 +316,7 @@ def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig) -> bool:
     if result.success:
         return False
     degenerate = result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.min_constraint
-    return degenerate or float(np.linalg.norm(result.transform[:3, 3])) < cfg.inlier_distance
+    return degenerate or at_zero_motion(result.transform, cfg)
 
 
 def _decisive(result: RegistrationResult) -> bool:
@@ -652,7 +664,7 @@ class Registrar:
             return result
         rivals = [c for c in verified if c.num_inliers >= cfg.min_inliers
                   and c.fitness >= RIVAL_FITNESS_SHARE * cfg.min_fitness and not _pins_no_pose(c, cfg)
-                  and not self._agree(c.transform, result.transform)]
+                  and not agree(c.transform, result.transform, cfg.inlier_distance / 2)]
         if not rivals:
             return result
         rival = max(rivals, key=lambda c: c.num_inliers)
@@ -665,11 +677,6 @@ class Registrar:
                           f"{result.num_inliers}, {result.fitness:.2f}; need {RIVAL_INLIER_RATIO:g}x its matches to "
                           f"stand): the scene fits both{'; it was refused: ' + rival.message if rival.message else ''}")
         return result
-
-    def _agree(self, A: np.ndarray, B: np.ndarray) -> bool:
-        """Two transforms (4, 4) within half the inlier distance and ``AGREE_ROTATION_DEG``."""
-        re, te = geometry.transform_errors(A, B)
-        return te < self.config.inlier_distance / 2 and re < AGREE_ROTATION_DEG
 
     def prior_support(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Tracking's S2H candidate edges (:func:`s2h_ros.matching.prior_support`): the target
@@ -845,8 +852,7 @@ class Registrar:
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         if success and structure:
-            message = self._zero_motion_doubt(src, tgt, T, float(np.linalg.norm(transform[:3, 3])), fitness, timer,
-                                              slide, degeneracy)
+            message = self._zero_motion_doubt(src, tgt, T, transform, fitness, timer, slide, degeneracy)
             success = not message
         return RegistrationResult(
             transform=transform,
@@ -873,11 +879,11 @@ class Registrar:
             slide=slide,
         )
 
-    def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, moved: float,
+    def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
                            fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
                            degeneracy: Degeneracy | None = None) -> str:
-        """A global search's result (no motion prior behind it) at zero motion (``moved`` metres,
-        less than ``inlier_distance``) must fit off the ground too (``structure_fitness``), and, in
+        """A global search's result (no motion prior behind it; ``T`` between the local frames,
+        ``transform`` between the input frames) at zero motion (``at_zero_motion``) must fit off the ground too (``structure_fitness``), and, in
         the grey zone of the constraint measure (``slide`` asked), so must the structure that would
         show a motion along the weakest direction (``slide.fits``): the refusal message, "" when
         it does or the result moved.
@@ -890,8 +896,9 @@ class Registrar:
         worlds, right zero-motion results in the grey zone fitted 0.90-0.96 of that structure,
         the wrong ones 0.01-0.08 (docs/reliability.md)."""
         cfg = self.config
-        if cfg.min_structure_fitness <= 0 or moved >= cfg.inlier_distance:
+        if cfg.min_structure_fitness <= 0 or not at_zero_motion(transform, cfg):
             return ""
+        moved = float(np.linalg.norm(transform[:3, 3]))
         with timer.stage("verify"):
             structure_fit = structure_fitness(src, tgt, T, cfg)
         if structure_fit is not None and structure_fit < cfg.min_structure_fitness:

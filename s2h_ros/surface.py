@@ -108,15 +108,12 @@ def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device =
     radius = NORMAL_RADIUS_VOXELS * voxel
     if on_device(device):
         return normals_and_planarity(*local_covariances(xyz, radius, NEIGHBOURS, device))
-    search = _open3d_search(radius)
-    unit = None
+    cloud, search = _open3d_cloud(xyz), _open3d_search(radius)
+    unit = flatness = None
     if normals:
-        cloud = _open3d_cloud(xyz)
         cloud.estimate_normals(search)
         unit = np.asarray(cloud.normals)
-    flatness = None
     if planarity:
-        cloud = _open3d_cloud(xyz)
         cloud.estimate_covariances(search)
         flatness = _planarity(np.linalg.eigvalsh(np.asarray(cloud.covariances)))
     return unit, flatness
