@@ -205,6 +205,10 @@ class RegistrationResult:
     # Below RegistrationConfig.weak_constraint: whether the structure that would show a slide along
     # the weakest direction agrees (s2h_ros.degeneracy.slide_evidence); None where not asked.
     slide: SlideEvidence | None = None
+    # The fraction of the source voxels off the ground within inlier_distance (structure_fitness),
+    # where it was asked: a result below min_fitness (trusted only with low_fitness_structure of
+    # it) or a global search's result at zero motion; None elsewhere.
+    structure_fit: float | None = None
     # The strongest sideways-shifted copy of the result (s2h_ros.repetition), asked of a global
     # search's and of tracking's after a stale prediction (s2h_ros.odometry); None where not asked
     # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
@@ -227,6 +231,7 @@ class RegistrationResult:
             "degeneracy": self.degeneracy.to_dict() if self.degeneracy is not None else None,
             "repetition": self.repetition.to_dict() if self.repetition is not None else None,
             "slide_evidence": self.slide.to_dict() if self.slide is not None else None,
+            "structure_fit": self.structure_fit,
             "fine": self.fine.to_dict() if self.fine is not None else None,
             "inlier_ratio": self.inlier_ratio,
             "fitness": self.fitness,
@@ -274,6 +279,12 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
 # (Registrar._without_rival).
 RIVAL_INLIER_RATIO = 1.5
 RIVAL_FITNESS_SHARE = 0.5
+
+
+def low_fitness(fitness: float, cfg: RegistrationConfig) -> bool:
+    """Whether a result's ``fitness`` lies in the band [``low_fitness_floor``, ``min_fitness``)
+    where the off-ground structure decides (``low_fitness_structure``; ``RegistrationConfig``)."""
+    return 0 < cfg.low_fitness_floor <= fitness < cfg.min_fitness
 
 
 def _better(candidate: RegistrationResult, current: RegistrationResult) -> bool:
@@ -833,14 +844,11 @@ class Registrar:
             covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
             degeneracy = alignment_degeneracy(tgt, cfg, rows)  # directions: the same in the input frame
         inlier_ratio = n_inl / max(len(pairs), 1)
-        enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
-        success = not message and enough_inliers and fitness >= cfg.min_fitness
-        if not success and not message:
-            message = (
-                f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
-                f"fitness {fitness:.2f} (need {cfg.min_fitness:.2f})"
-            )
-        elif success and degeneracy.eigenvalue < cfg.min_constraint:
+        success, structure_fit = False, None
+        if not message:
+            message, structure_fit = self._support_doubt(src, tgt, T, n_inl, fitness, require_inliers, timer)
+            success = not message
+        if success and degeneracy.eigenvalue < cfg.min_constraint:
             success = False
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
@@ -852,7 +860,8 @@ class Registrar:
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         if success and structure:
-            message = self._zero_motion_doubt(src, tgt, T, transform, fitness, timer, slide, degeneracy)
+            message, structure_fit = self._zero_motion_doubt(src, tgt, T, transform, fitness, timer, slide,
+                                                             degeneracy, structure_fit)
             success = not message
         return RegistrationResult(
             transform=transform,
@@ -877,16 +886,45 @@ class Registrar:
             covariance=covariance,
             degeneracy=degeneracy,
             slide=slide,
+            structure_fit=structure_fit,
         )
+
+    def _support_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: int, fitness: float,
+                       require_inliers: bool, timer: _Timer) -> tuple[str, float | None]:
+        """How much of the scan supports ``T`` (local frames): ``min_inliers`` inlier matches (when
+        ``require_inliers``) and ``min_fitness``, or, for a fitness in the band of ``low_fitness``,
+        ``low_fitness_structure`` of the voxels off the ground (``structure_fitness``). The refusal
+        message ("" when supported) and the off-ground fitness where it was measured.
+
+        A sparse sensor's rings meet the ground at other places from each pose, so its right
+        results fit 0.3-0.5; the ground also fits almost any level pose, lifting wrong results to
+        the same band. Off the ground neither happens (development worlds: right 0.38-0.85, wrong
+        0.14-0.37 in that band; docs/reliability.md)."""
+        cfg = self.config
+        enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
+        structure_fit = None
+        if enough_inliers and fitness >= cfg.min_fitness:
+            return "", None
+        if enough_inliers and low_fitness(fitness, cfg):
+            with timer.stage("verify"):
+                structure_fit = structure_fitness(src, tgt, T, cfg)
+            if structure_fit is not None and structure_fit >= cfg.low_fitness_structure:
+                return "", structure_fit
+        off = "" if structure_fit is None else (f", {structure_fit:.2f} off the ground (need "
+                                                f"{cfg.low_fitness_structure:.2f} below fitness {cfg.min_fitness:.2f})")
+        return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
+                f"fitness {fitness:.2f} (need {cfg.min_fitness:.2f}){off}"), structure_fit
 
     def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
                            fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
-                           degeneracy: Degeneracy | None = None) -> str:
+                           degeneracy: Degeneracy | None = None,
+                           structure_fit: float | None = None) -> tuple[str, float | None]:
         """A global search's result (no motion prior behind it; ``T`` between the local frames,
         ``transform`` between the input frames) at zero motion (``at_zero_motion``) must fit off the ground too (``structure_fitness``), and, in
         the grey zone of the constraint measure (``slide`` asked), so must the structure that would
-        show a motion along the weakest direction (``slide.fits``): the refusal message, "" when
-        it does or the result moved.
+        show a motion along the weakest direction (``slide.fits``): the refusal message ("" when
+        it does or the result moved) and the off-ground fitness (``structure_fit`` when already
+        measured, else measured here when asked).
 
         The ground is not the only pattern a sensor draws the same way wherever it stands: rings
         on a guardrail, a noise barrier or a tunnel wall along the road lie on their twins at zero
@@ -897,21 +935,22 @@ class Registrar:
         the wrong ones 0.01-0.08 (docs/reliability.md)."""
         cfg = self.config
         if cfg.min_structure_fitness <= 0 or not at_zero_motion(transform, cfg):
-            return ""
+            return "", structure_fit
         moved = float(np.linalg.norm(transform[:3, 3]))
-        with timer.stage("verify"):
-            structure_fit = structure_fitness(src, tgt, T, cfg)
+        if structure_fit is None:
+            with timer.stage("verify"):
+                structure_fit = structure_fitness(src, tgt, T, cfg)
         if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
             return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only {structure_fit:.2f} "
                     f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the "
-                    "scene, aligns")
+                    "scene, aligns"), structure_fit
         if slide is not None and degeneracy is not None and slide.fits < cfg.min_structure_fitness:
             return (f"not trusted: zero motion ({moved:.2f} m) where the geometry hardly constrains "
                     f"{degeneracy.describe()} (weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}), "
                     f"and only {slide.fits:.2f} of the {slide.structures} voxels of structure that would show a motion "
                     f"along it (poles, signs, ends of walls) fit (need {cfg.min_structure_fitness:.2f}): the sensor's "
-                    "pattern on structure along that direction (rails, walls), not the scene, aligns")
-        return ""
+                    "pattern on structure along that direction (rails, walls), not the scene, aligns"), structure_fit
+        return "", structure_fit
 
     def repetition_of(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
                       timer: _Timer | None = None) -> Repetition | None:

@@ -184,7 +184,8 @@ class PipelineMethod:
             transform=np.asarray(r.transform, dtype=np.float64), success=bool(r.success),
             timings={k: v / 1e3 for k, v in r.timings.items() if k != "total"},
             info={"message": r.message, "correspondences": len(r.correspondences), "inliers": r.num_inliers,
-                  "inlier_ratio": r.inlier_ratio, "fitness": r.fitness, "used_fallback": r.used_fallback,
+                  "inlier_ratio": r.inlier_ratio, "fitness": r.fitness, "structure_fit": r.structure_fit,
+                  "used_fallback": r.used_fallback,
                   "feature_kind": r.feature_kind, "heading_deg": float(getattr(r, "heading_deg", 0.0)),
                   "fine": r.fine.to_dict() if getattr(r, "fine", None) is not None else None},
             matches=matches, match_inlier_distance=float(self.config.inlier_distance))
