@@ -27,7 +27,9 @@ NEXT_TRUSTED = "; next scan trusted"  # the case's answer, then the drive's next
 TRUSTED_RIGHT = r"^trusted, TF x1, \d cm / 0\.\d deg off" + NEXT_TRUSTED
 MALFORMED = "^failed: malformed PointCloud2: "
 TOO_FEW = r"^failed: bad scan: {} finite points \(need 100\), no TF" + NEXT_TRUSTED
-NOT_TRUSTED = r"^failed: not trusted: \d+ inlier correspondences \(need 30\), fitness 0\.\d+ \(need 0\.50\), no TF"
+# below min_fitness, from low_fitness_floor up: how much fits off the ground too
+NOT_TRUSTED = (r"^failed: not trusted: \d+ inlier correspondences \(need 30\), fitness 0\.\d+ \(need 0\.50\)"
+               r"(, 0\.\d+ off the ground \(need 0\.45 below fitness 0\.50\))?, no TF")
 
 # The outcome of each node case (the bench's table text), in the catalogue's order.
 NODE_OUTCOMES = {

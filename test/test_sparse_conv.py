@@ -144,18 +144,37 @@ def test_six_dimensional_map_lists_only_occupied_offsets():
     assert len(kmap) == 50 + 2 * 49
 
 
-def test_dense_table_and_binary_search_lookups_give_the_same_map(rng, monkeypatch):
+def test_dense_table_column_table_and_binary_search_lookups_give_the_same_map(rng, monkeypatch):
+    """Sparse columns of a tall grid in two batches: the key range (about 1.2 M cells) is over a
+    50 k limit but its columns (about 20 k) and their occupied cells (about 300 x 60) are under it."""
     from s2h_ros.sparse import kernel_map
 
-    coords = torch.from_numpy(np.c_[np.zeros(400, int), rng.integers(0, 20, (400, 3))]).unique(dim=0)
+    columns = rng.integers(0, 100, (150, 2))
+    rows = [np.c_[np.full(len(columns), b), columns, rng.integers(0, 60, len(columns))] for b in (0, 1)]
+    coords = torch.from_numpy(np.concatenate(rows)).unique(dim=0)
     offsets = kernel_offsets(3, 3)
-    table = build_kernel_map(coords, coords, offsets, 1)
-    monkeypatch.setattr(kernel_map, "_TABLE_LIMIT", 0)
-    searched = build_kernel_map(coords, coords, offsets, 1)
-    assert table.kernel_ids == searched.kernel_ids and table.identity == searched.identity == 13
-    for a, b in zip(table.in_idx + table.out_idx, searched.in_idx + searched.out_idx):
-        assert torch.equal(a, b)
-    assert len(table) > len(coords)
+    lo = coords.min(0).values
+    extent = coords.max(0).values - lo + 1
+    keys = kernel_map.coordinate_keys(coords, lo, extent)
+    above = coords + torch.tensor([0, 0, 0, 1])  # one cell up: inside the box except at the top
+    above = above[above[:, -1] < lo[-1] + extent[-1]]
+    kinds, maps = {}, {}
+    for limit in (1 << 22, 50_000, 0):
+        monkeypatch.setattr(kernel_map, "_TABLE_LIMIT", limit)
+        lookup = kernel_map._KeyLookup(coords, lo, extent)
+        assert torch.equal(lookup(*lookup.parts(coords)), torch.arange(len(coords)))
+        found = lookup(*lookup.parts(above))
+        assert torch.equal(found >= 0, torch.isin(kernel_map.coordinate_keys(above, lo, extent), keys))
+        assert torch.equal(coords[found[found >= 0]], above[found >= 0])
+        kinds[limit] = "columns" if lookup.columns is not None else "table" if lookup.table is not None else "search"
+        maps[limit] = build_kernel_map(coords, coords, offsets, 1)
+    assert kinds == {1 << 22: "table", 50_000: "columns", 0: "search"}
+    first = maps[1 << 22]
+    assert len(first) > len(coords)
+    for other in (maps[50_000], maps[0]):
+        assert other.kernel_ids == first.kernel_ids and other.identity == first.identity == 13
+        for a, b in zip(first.in_idx + first.out_idx, other.in_idx + other.out_idx):
+            assert torch.equal(a, b)
 
 
 def test_batches_never_mix():
