@@ -480,7 +480,8 @@ def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_o
         return reg._without_rival(result, [result, rival]).success
 
     assert not stands(verified(5.0, 70, 0.7, success=False))  # refused elsewhere, but fits: a rival
-    assert stands(verified(0.1, 300, 0.9))  # agrees (within half the inlier distance)
+    assert stands(verified(0.1, 300, 0.9))  # agrees (within the inlier distance)
+    assert stands(verified(0.5, 300, 0.9))  # two right hypotheses land up to 0.35 m apart: one pose
     assert stands(verified(5.0, 66, 0.9))  # the result has 1.5 times its matches and more
     assert stands(verified(5.0, cfg.min_inliers - 1, 0.9))  # too few inliers to be trusted itself
     assert not stands(verified(5.0, 90, 0.3, success=False))  # below min_fitness: low overlap, still evidence
