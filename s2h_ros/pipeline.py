@@ -273,6 +273,7 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
     a sensor's own pattern (rings, rosette) lies on its twin whatever the scene."""
     return float(np.linalg.norm(transform[:3, 3])) < cfg.inlier_distance
 
+
 # A global search's trusted result stands against a rival (another hypothesis of the same search
 # that disagrees with it yet has min_inliers inlier matches and RIVAL_FITNESS_SHARE of min_fitness,
 # whichever test refused it) only with this many times the rival's inlier matches
@@ -905,9 +906,9 @@ class Registrar:
         0.14-0.37 in that band; docs/reliability.md)."""
         cfg = self.config
         enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
-        structure_fit = None
         if enough_inliers and fitness >= cfg.min_fitness:
             return "", None
+        structure_fit = None
         if enough_inliers and low_fitness(fitness, cfg):
             with timer.stage("verify"):
                 structure_fit = structure_fitness(src, tgt, T, cfg)
