@@ -26,6 +26,7 @@ def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, ah
     assert [s["index"] for s in result["steps"]] == list(range(6))
     assert result["trusted"] >= 5 and result["events"].get("initialised") == 1
     assert result["metrics_trusted"]["ate_rmse_m"] < 0.1
+    assert result["wrong_trusted"] == []  # no step off the truth by more than s2h bench trust's bounds
     for step in result["steps"]:
         prepared = sum(step["stages"][k] for k in PREPARATION)
         assert abs(sum(step["stages"].values()) - prepared - step["step_ms"]) < 1e-6 * step["step_ms"] + 1e-3
@@ -63,3 +64,21 @@ def test_a_depth_camera_stream_runs_with_the_nodes_depth_camera_settings_and_ove
     assert odometry.keyframe_distance == 1.0 and odometry.map_keyframes == 0
     lidar = _configs(argparse.Namespace(sensor="vlp32", params_file=[], device="cpu", param=[]))
     assert lidar[0] == [] and lidar[1].voxel_size == 0.3
+
+
+def test_a_trusted_step_off_the_truth_is_counted_wrong_and_a_new_segments_first_pose_is_not():
+    from types import SimpleNamespace
+
+    from s2h_ros import geometry
+    from s2h_ros.benchmarks.stream import _wrong_trusted
+
+    truth = [geometry.make_transform(np.eye(3), np.array([float(i), 0.0, 0.0])) for i in range(5)]
+    poses = [t.copy() for t in truth]
+    poses[2][:3, 3] += [0.5, 0.0, 0.0]  # 0.5 m off: wrong, and so is the motion to the next pose
+    poses[4][:3, 3] += [9.0, 0.0, 0.0]  # a new segment's first pose: its motion is unknown
+    records = [{"index": i, "pose": poses[i].tolist(), "segment": int(i == 4), "event": "new_segment" * (i == 4)}
+               for i in range(5)]
+    records[3]["pose"] = None  # not trusted: skipped
+    wrong = _wrong_trusted(SimpleNamespace(poses=np.stack(truth)), records)
+    assert [(w["index"], w["after"]) for w in wrong] == [(2, 1)]
+    assert _wrong_trusted(SimpleNamespace(poses=None), records) is None

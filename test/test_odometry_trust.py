@@ -242,6 +242,84 @@ def test_after_a_relocalisation_the_next_prediction_is_stale_until_a_tracked_ste
     assert te < 0.1, te
 
 
+@pytest.mark.parametrize("sensor", ["went_on", "fell_silent"])
+def test_a_gap_of_the_odometrys_own_making_is_tracked_through(soak_drive, registrar, sensor):
+    """A node one slow global search behind (the start of a 10 Hz stream on two cores,
+    docs/performance.md): its next scan comes 1.1 s after the last trusted one, more than
+    ``max_gap`` while the intervals so far are 0.1 s. When the sensor went on (the node heard
+    scans 3-12 and dropped them), tracking from the stale prediction, checked against its copy,
+    is right without a global search; counted as a gap, each such scan was searched globally and
+    the next one came a second later again. A sensor that fell silent for those 1.2 s is a gap:
+    the global search finds the scan again (``relocalised``)."""
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    for i in (0, 1, 2):
+        odo.heard(0.1 * i)
+        assert odo.step(soak_drive[i].points, 0.1 * i).success
+    if sensor == "went_on":
+        for i in range(3, 13):
+            odo.heard(0.1 * i)
+    odo.heard(1.3)
+    assert 1.3 - 0.2 > odo.max_gap()
+    step = odo.step(soak_drive[13].points, 1.3)
+    assert step.success, step.message
+    if sensor == "went_on":
+        assert step.event == "" and step.result.search == "prior", (step.event, step.message)
+        assert "repetition" in step.result.timings  # the stale prediction's check ran
+    else:
+        assert step.event == "relocalised" and step.result.search != "prior", (step.event, step.message)
+        assert "without data" in step.message
+    te = geometry.transform_errors(geometry.invert_transform(odo.keyframes[0].pose) @ step.pose,
+                                   _truth(soak_drive, 0, 13))[1]
+    assert te < 0.1, te
+
+
+@pytest.mark.parametrize("turn_deg", [0.0, 30.0, 90.0])
+def test_a_relocalisations_twist_keeps_the_speed_along_the_sensors_heading_at_the_end(turn_deg):
+    """Over a gap the sensor drove an arc of radius 10 m turning left by ``turn_deg`` in 2 s: the
+    prior goes on at the arc's mean speed along the heading at its end (its tangent, not the chord
+    between the two poses, which lies half the turn behind), without the turn rate."""
+    from s2h_ros.odometry import _relocalised_twist
+
+    theta, radius, dt = np.radians(turn_deg), 10.0, 2.0
+    end = [radius * np.sin(theta), radius * (1 - np.cos(theta)), 0.0] if theta else [5.0, 0.0, 0.0]
+    delta = geometry.make_transform(geometry.yaw_transform(turn_deg)[:3, :3], np.array(end))
+    twist = _relocalised_twist(delta, dt)
+    speed = radius * theta / dt if theta else 2.5
+    assert twist == pytest.approx([speed, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-9)
+
+
+def test_a_stale_predictions_hypothesis_does_not_stand_in_for_an_undecided_global_search(soak_drive, registrar):
+    """A node behind its sensor (every global search its quick try) takes the soak drive's scans
+    16, 28, 39, 52 and 67: 52 is in mid-corner, 67 past its end, 1.5 s later. The prediction turns
+    on at the corner's rate, 6 deg / 3.5 m off; tracking corrects it partly (1.5 m / 2.6 deg off)
+    and ICP from the prediction does not contradict it; the quick global search lands on the truth
+    but is not decisive. A stale prediction's hypothesis used to stand in for it (trusted 1.5 m
+    off in a soak, twice); now the scan is not trusted."""
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
+    steps = {i: odo.step(soak_drive[i].points, 0.1 * i, behind=lambda: True) for i in (16, 28, 39, 52)}
+    assert all(step.success for step in steps.values())
+    assert odo._prediction_stale(6.7)
+    step = odo.step(soak_drive[67].points, 6.7, behind=lambda: True)
+    if step.success:  # trusted only if right
+        truth = _truth(soak_drive, 52, 67)
+        te = geometry.transform_errors(geometry.invert_transform(steps[52].pose) @ step.pose, truth)[1]
+        assert te < 0.3, (te, step.message)
+    else:
+        assert step.pose is None and "not decisive" in step.message, step.message
+
+
+def test_the_longest_silence_is_measured_from_the_stamps_heard():
+    odo = KeyframeOdometry(RegistrationConfig(features="fpfh"), OdometryConfig())
+    odo.last_stamp = 1.0
+    assert odo._silence(2.5) == pytest.approx(1.5)  # nothing heard: all of it
+    for stamp in (0.9, 1.1, 1.3, 2.3, 1.2):  # out of order; 0.9 is before the last trusted scan
+        odo.heard(stamp)
+    assert odo._silence(2.5) == pytest.approx(1.0)  # 1.3 -> 2.3
+    assert min(odo._heard) > 1.0  # stamps before the last trusted scan are forgotten
+    odo.last_stamp = 2.3
+    assert odo._silence(2.4) == pytest.approx(0.1)
+
+
 def test_a_real_gap_is_still_a_gap_and_a_fixed_max_gap_remains_the_floor():
     odo = KeyframeOdometry(RegistrationConfig(features="fpfh"), OdometryConfig(max_gap=1.0, gap_periods=3.0))
     odo.intervals.extend([0.1] * 10)  # a 10 Hz sensor, every scan processed

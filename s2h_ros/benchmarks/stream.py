@@ -132,6 +132,7 @@ def _stream(odo, scans: list[np.ndarray], rate: float, device: str, first: int, 
             wait = index * period - (time.perf_counter() - t0)
             if wait > 0:
                 time.sleep(wait)  # the scan is "published" at its time
+            odo.heard(_stamp(index, period))  # as registration_node does for every scan it receives
             handover.offer((index, time.perf_counter() - t0), wait=not period)
         handover.join()
     finally:
@@ -160,7 +161,7 @@ def _step_record(step, index: int, arrival: float, started: float, finished: flo
     stages["rest"] = stages.get("rest", 0.0) + max(0.0, step_ms + ahead_ms - sum(stages.values()))
     return {"index": index, "arrival_s": arrival, "latency_ms": 1e3 * (finished - arrival), "step_ms": step_ms,
             "trusted": bool(step.success), "event": step.event, "new_keyframe": bool(step.new_keyframe),
-            "search": step.result.search if step.result is not None else None,
+            "search": step.result.search if step.result is not None else None, "segment": step.segment,
             "pose": None if step.pose is None else np.asarray(step.pose).tolist(), "stages": stages}
 
 
@@ -176,6 +177,30 @@ def _metrics(sequence, records: list[dict], first: int) -> dict:
     gt = np.stack([base @ gt_all[r["index"]] for r in trusted])
     est = np.stack([np.asarray(r["pose"]) for r in trusted])
     return sequence_metrics(gt, est)
+
+
+def _wrong_trusted(sequence, records: list[dict]) -> list[dict] | None:
+    """Trusted steps whose motion since the previous trusted scan of the same segment differs from
+    the truth by more than s2h bench trust's bounds (``WRONG_TE_M``, ``WRONG_RE_DEG``); None
+    without ground truth. A new segment's first pose is not compared (its motion is unknown)."""
+    from s2h_ros import geometry
+    from s2h_ros.benchmarks.trust import WRONG_RE_DEG, WRONG_TE_M
+
+    gt = sequence.poses
+    if gt is None:
+        return None
+    wrong, last = [], None
+    for r in records:
+        if r["pose"] is None:
+            continue
+        pose = np.asarray(r["pose"])
+        if last is not None and last["segment"] == r["segment"] and r["event"] in ("", "relocalised"):
+            re, te = geometry.transform_errors(geometry.invert_transform(np.asarray(last["pose"])) @ pose,
+                                               geometry.invert_transform(gt[last["index"]]) @ gt[r["index"]])
+            if te > WRONG_TE_M or re > WRONG_RE_DEG:
+                wrong.append({"index": r["index"], "after": last["index"], "te_m": float(te), "re_deg": float(re)})
+        last = r
+    return wrong
 
 
 def _device_name(device: str) -> str:
@@ -233,6 +258,7 @@ def run(args: argparse.Namespace) -> dict:
         "trusted": trusted, "events": events,
         "searches": dict(Counter(r["search"] for r in records if r["search"])),
         "metrics_trusted": _metrics(sequence, records, first),
+        "wrong_trusted": _wrong_trusted(sequence, records),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_gpu_mb": (torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
                         if args.device.startswith("cuda") else None),
@@ -252,7 +278,9 @@ def summary(out: dict) -> str:
         f"stream: {out['frames']} scans ({out['points_per_scan_mean']:.0f} points each) at "
         f"{out['rate_hz']:g} Hz on {out['device_name']}",
         f"  processed {out['processed']} ({out['processed_rate_hz']:.2f} scans/s), dropped {out['dropped']}, "
-        f"trusted {out['trusted']}, events {out['events'] or 'none'}",
+        f"trusted {out['trusted']}"
+        + ("" if out["wrong_trusted"] is None else f" ({len(out['wrong_trusted'])} wrong)")
+        + f", events {out['events'] or 'none'}",
         f"  latency p50 {out['latency_ms']['p50']:.0f} ms, p95 {out['latency_ms']['p95']:.0f} ms; "
         f"step p50 {out['step_ms']['p50']:.0f} ms, p95 {out['step_ms']['p95']:.0f} ms",
         "  mean ms per scan: " + ", ".join(f"{k} {v:.1f}" for k, v in out["stage_ms_mean"].items() if v >= 0.05),

@@ -145,6 +145,8 @@ class RegistrationNode(Node):
     # ------------------------------------------------------------------ callback side
     def _on_cloud(self, msg: PointCloud2) -> None:
         self.stats["received"] += 1
+        # Every scan, also one dropped below: the odometry tells its own gaps from the sensor's.
+        self.odometry.heard(messages.stamp_to_sec(msg.header.stamp))
         if self.handover.offer((msg, time.monotonic())):
             self.stats["dropped"] += 1
 
