@@ -239,7 +239,8 @@ class KeyframeOdometry:
 
     def _silence(self, stamp: float) -> float:
         """The longest stretch without a scan between the last trusted scan and ``stamp``, seconds,
-        from the stamps ``heard`` (all of that time when none were heard in between)."""
+        from the stamps ``heard`` (all of that time when none were heard in between); stamps up to
+        the last trusted scan's are forgotten."""
         with self._heard_lock:
             heard = sorted(s for s in self._heard if self.last_stamp < s < stamp)
             while self._heard and self._heard[0] <= self.last_stamp:
@@ -308,12 +309,13 @@ class KeyframeOdometry:
         if not self.keyframes:
             return self._initialise(index, prepared, scan, stamp, event or "initialised")
 
-        gap = self.last_stamp is not None and stamp - self.last_stamp > self.max_gap()
-        prior_trusted = self.twist_known and self.failures == 0 and not gap
+        limit = self.max_gap()
+        gap = self.last_stamp is not None and stamp - self.last_stamp > limit
         # A gap of this odometry's own making (the sensor went on, its scans were dropped) is
         # tracked through: with the prediction stale, tracking must beat its copy.
-        dropped = gap and self._silence(stamp) <= self.max_gap()
-        track = prior_trusted or (dropped and self.twist_known and self.failures == 0)
+        dropped = gap and self._silence(stamp) <= limit
+        track = self.twist_known and self.failures == 0 and (dropped or not gap)
+        prior_trusted = track and not gap
         current = self.keyframes[-1]
         prior = geometry.invert_transform(current.pose) @ self._predict(stamp)
         started = time.perf_counter()

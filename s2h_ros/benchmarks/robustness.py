@@ -49,7 +49,7 @@ import numpy as np
 from s2h_ros import geometry, stamps
 from s2h_ros.pointcloud2 import INT8
 
-MAX_TE_M, MAX_RE_DEG = 0.3, 2.0  # a trusted step further off the ground truth is wrong (s2h bench trust)
+MAX_TE_M, MAX_RE_DEG = 0.3, 2.0  # a trusted step further off the ground truth is wrong (s2h bench trust, stream)
 ANSWER_TIMEOUT_S = 120.0  # no answer to a scan within this: the node stopped answering
 TF_TIMEOUT_S = 10.0  # a trusted scan's TF and odometry arrive within this
 TELEPORT_M = 40.0

@@ -181,10 +181,9 @@ def _metrics(sequence, records: list[dict], first: int) -> dict:
 
 def _wrong_trusted(sequence, records: list[dict]) -> list[dict] | None:
     """Trusted steps whose motion since the previous trusted scan of the same segment differs from
-    the truth by more than s2h bench trust's bounds (``WRONG_TE_M``, ``WRONG_RE_DEG``); None
-    without ground truth. A new segment's first pose is not compared (its motion is unknown)."""
-    from s2h_ros import geometry
-    from s2h_ros.benchmarks.trust import WRONG_RE_DEG, WRONG_TE_M
+    the truth by more than s2h bench trust's bounds (the soak's ``judge_stream`` rule); None without
+    ground truth. The first pose of a track (``FIRST_OF_TRACK``) or of a new segment is not compared."""
+    from s2h_ros.benchmarks.robustness import FIRST_OF_TRACK, is_wrong, step_error
 
     gt = sequence.poses
     if gt is None:
@@ -194,11 +193,10 @@ def _wrong_trusted(sequence, records: list[dict]) -> list[dict] | None:
         if r["pose"] is None:
             continue
         pose = np.asarray(r["pose"])
-        if last is not None and last["segment"] == r["segment"] and r["event"] in ("", "relocalised"):
-            re, te = geometry.transform_errors(geometry.invert_transform(np.asarray(last["pose"])) @ pose,
-                                               geometry.invert_transform(gt[last["index"]]) @ gt[r["index"]])
-            if te > WRONG_TE_M or re > WRONG_RE_DEG:
-                wrong.append({"index": r["index"], "after": last["index"], "te_m": float(te), "re_deg": float(re)})
+        if last is not None and last["segment"] == r["segment"] and r["event"] not in FIRST_OF_TRACK:
+            te, re = step_error(np.asarray(last["pose"]), pose, gt[last["index"]], gt[r["index"]])
+            if is_wrong((te, re)):
+                wrong.append({"index": r["index"], "after": last["index"], "te_m": te, "re_deg": re})
         last = r
     return wrong
 

@@ -32,12 +32,10 @@ import sys
 import time
 from pathlib import Path
 
+from s2h_ros.benchmarks.robustness import MAX_RE_DEG, MAX_TE_M
+
 
 PRESETS = ("vlp16", "vlp32", "hdl64", "os128", "depth_camera")
-# A trusted step further than this from the truth (its motion since the previous trusted scan of
-# its segment) is wrong: here and in s2h bench stream.
-WRONG_TE_M = 0.3
-WRONG_RE_DEG = 2.0
 INDOOR_SENSORS = ("depth_camera",)
 HELD_OUT_SEEDS = range(0, 1000)  # as s2h_ros.training.data.RESERVED_EVAL_SEEDS
 
@@ -51,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=30, help="scans registered per drive (default 30)")
     parser.add_argument("--every", type=int, default=2, help="use every N-th simulated scan (more motion per step)")
     parser.add_argument("--seed", type=int, default=41, help="world seed of the first drive (+1 per drive; 0-999)")
-    parser.add_argument("--max-te", type=float, default=WRONG_TE_M, help="metres: a trusted step further off is wrong")
-    parser.add_argument("--max-re", type=float, default=WRONG_RE_DEG, help="degrees: a trusted step further off is wrong")
+    parser.add_argument("--max-te", type=float, default=MAX_TE_M, help="metres: a trusted step further off is wrong")
+    parser.add_argument("--max-re", type=float, default=MAX_RE_DEG, help="degrees: a trusted step further off is wrong")
     parser.add_argument("--min-constraint", type=float, default=None,
                         help="degeneracy gate (RegistrationConfig.min_constraint; default: the shipped one)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
