@@ -11,7 +11,7 @@ KISS-ICP are CPU-only, pytorch3d's ICP is point-to-point without a robust kernel
 The iteration is Open3D's (``registration_icp`` with ``TransformationEstimationPointToPlane``):
 
 * correspondences: each moved source point's nearest target point within ``max_distance``
-  (exact, through a hash grid of cell ``max_distance``: the 27 cells around the point);
+  (exact, through a hash grid of cell ``max_distance``, :mod:`s2h_ros.hash_grid`);
 * one Gauss-Newton step of ``sum_i w_i ((R s_i + t - q_i) . n_i)^2`` linearised at the moved
   points, ``J_i = [s_i x n_i, n_i]``, Tukey weights ``w_i = (1 - (r_i / k)^2)^2`` for
   ``|r_i| < k`` (else 0), the update ``Rz(c) Ry(b) Rx(a)`` and ``t`` applied on the left;
@@ -28,58 +28,7 @@ import numpy as np
 import torch
 
 from s2h_ros.geometry import apply_transform
-
-# Hash of integer cell coordinates: 21 bits per axis (cells of 0.6 m: +-600 km around the shift).
-_BITS = 21
-_OFFSET = 1 << (_BITS - 1)
-_NEIGHBOUR_CELLS = torch.tensor([[i, j, k] for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)])
-QUERY_CHUNK = 16384  # source points per neighbour query (bounds memory: chunk x 27 x cell capacity)
-
-
-def _cell_keys(cells: torch.Tensor) -> torch.Tensor:
-    """``(..., 3)`` int64 cell coordinates -> ``(...)`` int64 keys (one per cell)."""
-    c = cells + _OFFSET
-    return (c[..., 0] << (2 * _BITS)) | (c[..., 1] << _BITS) | c[..., 2]
-
-
-class HashGrid:
-    """Exact nearest neighbour within ``cell`` of ``(M, 3)`` points, on their device."""
-
-    def __init__(self, points: torch.Tensor, cell: float) -> None:
-        self.points, self.cell = points, float(cell)
-        keys = _cell_keys(torch.floor(points / self.cell).long())
-        keys, self.order = torch.sort(keys)
-        self.keys, counts = torch.unique_consecutive(keys, return_counts=True)
-        self.starts = torch.cumsum(counts, 0) - counts
-        self.counts = counts
-        self.capacity = int(counts.max()) if len(counts) else 0
-
-    def nearest(self, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(N,)`` squared distance to the nearest point within ``cell`` (inf where none) and its
-        ``(N,)`` index (-1 where none)."""
-        d2 = torch.full((len(query),), float("inf"), device=query.device, dtype=query.dtype)
-        idx = torch.full((len(query),), -1, device=query.device, dtype=torch.long)
-        if self.capacity == 0 or len(query) == 0:
-            return d2, idx
-        slots = torch.arange(self.capacity, device=query.device)
-        offsets = _NEIGHBOUR_CELLS.to(query.device)
-        for lo in range(0, len(query), QUERY_CHUNK):
-            q = query[lo:lo + QUERY_CHUNK]
-            keys = _cell_keys(torch.floor(q / self.cell).long()[:, None, :] + offsets)  # (n, 27)
-            pos = torch.searchsorted(self.keys, keys).clamp_max(len(self.keys) - 1)
-            found = self.keys[pos] == keys
-            count = torch.where(found, self.counts[pos], 0)
-            rows = self.starts[pos][..., None] + slots  # (n, 27, capacity) into the sorted order
-            valid = slots < count[..., None]
-            cand = self.order[torch.where(valid, rows, 0)]
-            dist = ((self.points[cand] - q[:, None, None, :]) ** 2).sum(-1)
-            dist = torch.where(valid, dist, float("inf")).flatten(1)
-            best, arg = dist.min(1)
-            within = best <= self.cell ** 2
-            d2[lo:lo + len(q)] = torch.where(within, best, float("inf"))
-            idx[lo:lo + len(q)] = torch.where(within, cand.flatten(1).gather(1, arg[:, None])[:, 0], -1)
-        return d2, idx
-
+from s2h_ros.hash_grid import HashGrid
 
 def _euler_update(x: np.ndarray) -> np.ndarray:
     """``(4, 4)`` of the step ``x = [a, b, c, tx, ty, tz]``: ``Rz(c) Ry(b) Rx(a)`` and ``t``."""

@@ -43,10 +43,11 @@ from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
 from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence,
                                  weakest_direction)
+from s2h_ros.hash_grid import DeviceIndex
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
-from s2h_ros.surface import estimate_normals, estimate_surface
+from s2h_ros.surface import estimate_normals, estimate_surface, on_device
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
 # sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
@@ -112,20 +113,24 @@ class PreparedCloud:
         self._normals = unit if self._normals is None else self._normals
         self._planarity = flatness if self._planarity is None else self._planarity
 
-    def kdtree(self):
-        """scipy cKDTree of the voxels, built once (a keyframe serves many scans)."""
+    def spatial_index(self):
+        """The voxels' neighbour search with cKDTree's ``query``, built once (a keyframe serves many
+        scans): scipy's cKDTree on the CPU, :class:`s2h_ros.hash_grid.DeviceIndex` on a GPU device."""
         with self._lock:
             if self._tree is None:
-                from scipy.spatial import cKDTree
+                if on_device(self.device):
+                    self._tree = DeviceIndex(self.xyz, self.device)
+                else:
+                    from scipy.spatial import cKDTree
 
-                self._tree = cKDTree(self.xyz)
+                    self._tree = cKDTree(self.xyz)
             return self._tree
 
     def warm(self, voxel_size: float) -> None:
-        """Compute now what a keyframe's registrations ask for (k-d tree, normals, planarity), in
-        the order they ask; an error is left for the registration that asks to raise."""
+        """Compute now what a keyframe's registrations ask for (spatial index, normals, planarity),
+        in the order they ask; an error is left for the registration that asks to raise."""
         try:
-            self.kdtree()
+            self.spatial_index()
             self.normals(voxel_size)
             self.planarity(voxel_size)
         except Exception:  # noqa: BLE001 - the worker computes it again and raises there
@@ -701,7 +706,7 @@ class Registrar:
         cfg = self.config
         predicted = geometry.apply_transform(geometry.shift_transform(init, -src.origin, -tgt.origin),
                                              src.xyz.astype(np.float64))
-        return prior_support(predicted, tgt.kdtree(), src.features, tgt.features, cfg.prior_radius, cfg.k)
+        return prior_support(predicted, tgt.spatial_index(), src.features, tgt.features, cfg.prior_radius, cfg.k)
 
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
                   structure: bool = False) -> RegistrationResult:
@@ -841,7 +846,7 @@ class Registrar:
         cfg = self.config
         with timer.stage("verify"):
             n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
-                                                            tgt.kdtree())
+                                                            tgt.spatial_index())
             # Left perturbations in the target's local frame -> its input frame: Ad of Tr(origin).
             Ad = geometry.adjoint(geometry.shift_transform(np.eye(4), np.zeros(3), tgt.origin))
             rows = point_to_plane_rows(src.xyz, tgt, T, cfg)
@@ -1145,8 +1150,8 @@ def verify(
     src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float, tgt_tree=None
 ) -> tuple[int, np.ndarray, float, float]:
     """Inlier correspondences, their mask, the cloud fitness of ``T`` (fraction of source voxels
-    with a target voxel within ``dist``) and the same within ``dist / 2`` (``tgt_tree``: a
-    cKDTree of ``tgt`` when one exists)."""
+    with a target voxel within ``dist``) and the same within ``dist / 2`` (``tgt_tree``: the
+    target's spatial index when one exists, ``PreparedCloud.spatial_index``)."""
     from scipy.spatial import cKDTree
 
     moved = geometry.apply_transform(T, src.astype(np.float64))
@@ -1177,7 +1182,7 @@ def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     if int(structure.sum()) < MIN_STRUCTURE_VOXELS:
         return None
     moved = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
-    dist, _ = tgt.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
+    dist, _ = tgt.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     return float(np.mean(dist < cfg.inlier_distance))
 
 
@@ -1202,7 +1207,7 @@ def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     structure = off_ground(src, cfg)
     aligned = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
     normals = src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T
-    return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.kdtree())
+    return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.spatial_index())
 
 
 class PlaneRows(NamedTuple):
@@ -1239,7 +1244,7 @@ def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray, c
     """The point-to-plane terms at ``T``: each source voxel with a target voxel within
     ``inlier_distance`` gives a row (:class:`PlaneRows`)."""
     moved = geometry.apply_transform(T, src.astype(np.float64))
-    dist, idx = target.kdtree().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
+    dist, idx = target.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     ok = np.isfinite(dist)
     p, q = moved[ok], idx[ok]
     n = target.normals(cfg.voxel_size)[q]

@@ -10,18 +10,23 @@ A neighbourhood of fewer than 3 voxels has no surface: normal ``(0, 0, 1)``, pla
 Two ways to compute it, the same numbers (test_surface.py, on the real KITTI scan):
 
 - **CPU** (``device`` "cpu"): Open3D (``estimate_normals``, ``estimate_covariances``), the faster
-  there: 27 ms for a KITTI scan's 20k voxels on the 2-core VM, where the way below takes 80-100 ms.
-- **GPU** (any other device): the neighbours from scipy's ``cKDTree`` on all cores, the covariances
-  in torch on the device, their eigen-decomposition in torch on the CPU (``normals_and_planarity``). Open3D holds Python's global interpreter
+  there: 27 ms for a KITTI scan's 20k voxels on the 2-core VM, where the way below takes about 2.6 s
+  (its neighbour search ranks every voxel of 27 cells: work for a GPU, 12.9 ms on an H200 with the
+  eigen-solver, against 69 ms there for cKDTree's neighbours and torch's ``eigh`` on the CPU).
+- **GPU** (any other device): the neighbours from a hash grid (:mod:`s2h_ros.hash_grid`), the
+  covariances and their eigen-decomposition in closed form (``symmetric_eigen3``), all on the
+  device (``normals_and_planarity``). Open3D holds Python's global interpreter
   lock for the whole of each call (measured: a Python thread beside three normal estimations made
   no progress for their 2.4 s). On a GPU machine the odometry prepares the next scan, the new
   keyframe and the local map on helper threads while its worker drives the GPU; each Open3D call
-  there would stall the worker. scipy's queries and torch release the lock.
+  there would stall the worker. torch releases the lock.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from s2h_ros.hash_grid import HashGrid
 
 # Neighbourhood of a normal for point-to-plane ICP: the 30 nearest voxels within this many voxel
 # sizes. Dense scans reach 30 neighbours within about 1 m at 0.3 m voxels either way; on sparse
@@ -33,6 +38,9 @@ NEIGHBOURS = 30
 # Voxels whose neighbourhoods are gathered at once on the GPU path (bounds its memory: 30
 # neighbours x 3 coordinates x 8 bytes x 65,536 = 47 MB).
 _CHUNK = 65_536
+# A cross product of two rows of ``A - l I`` (A scaled to entries <= 1) shorter than this: the rows
+# span a line or less, l is (nearly) a double eigenvalue and has no single eigenvector.
+RANK_TOLERANCE = 1e-12
 
 
 def on_device(device: str | torch.device) -> bool:
@@ -55,20 +63,16 @@ def _open3d_search(radius: float):
 def local_covariances(xyz: np.ndarray, radius: float, max_nn: int = NEIGHBOURS,
                       device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """``(M, 3, 3)`` float64 covariance (over ``n``, the neighbourhood's size) of each of the ``(M, 3)``
-    voxels' neighbourhoods, on ``device``, and ``(M,)`` int64 ``n``. Coordinates are taken relative to
-    each voxel before the sums, so clouds far from their origin keep their precision."""
-    from scipy.spatial import cKDTree
-
-    xyz = np.asarray(xyz, dtype=np.float64)
-    dist, idx = cKDTree(xyz).query(xyz, k=min(max_nn, len(xyz)), distance_upper_bound=radius, workers=-1)
-    dist, idx = dist.reshape(len(xyz), -1), idx.reshape(len(xyz), -1)
-    points = torch.as_tensor(xyz, device=device)
-    valid = torch.as_tensor(np.isfinite(dist), device=device)
-    neighbours = torch.as_tensor(np.where(np.isfinite(dist), idx, 0), device=device)
+    voxels' neighbourhoods (:class:`s2h_ros.hash_grid.HashGrid` on ``device``), on ``device``, and
+    ``(M,)`` int64 ``n``. Coordinates are taken relative to each voxel before the sums, so clouds far
+    from their origin keep their precision."""
+    points = torch.as_tensor(np.asarray(xyz, dtype=np.float64), device=device)
+    grid = HashGrid(points, radius)
     covariances, counts = [], []
-    for lo in range(0, len(xyz), _CHUNK):
-        ok = valid[lo:lo + _CHUNK]
-        d = (points[neighbours[lo:lo + _CHUNK]] - points[lo:lo + _CHUNK, None]) * ok[..., None]
+    for lo in range(0, len(points), _CHUNK):
+        _, neighbours = grid.knearest(points[lo:lo + _CHUNK], min(max_nn, len(points)))
+        ok = neighbours >= 0
+        d = (points[neighbours.clamp_min(0)] - points[lo:lo + _CHUNK, None]) * ok[..., None]
         n = ok.sum(1)
         mean = d.sum(1) / n[:, None]
         covariances.append(d.transpose(1, 2) @ d / n[:, None, None] - mean[:, :, None] * mean[:, None, :])
@@ -76,20 +80,69 @@ def local_covariances(xyz: np.ndarray, radius: float, max_nn: int = NEIGHBOURS,
     return torch.cat(covariances), torch.cat(counts)
 
 
+def symmetric_eigen3(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(M, 3)`` ascending eigenvalues of ``(M, 3, 3)`` symmetric float64 matrices and ``(M, 3)`` a
+    unit eigenvector of the smallest, on their device, in closed form.
+
+    The eigenvalues are the roots of the characteristic cubic in trigonometric form; the
+    eigenvector is the largest cross product of two rows of ``A - l_min I`` (orthogonal to its row
+    space). Where the smallest eigenvalue is (nearly) double that row space is a line, and the
+    vector is any one orthogonal to the largest eigenvalue's; where all three tie, z. Written by
+    hand because torch's batched ``eigh`` cannot serve a GPU here (measured on an H200, torch 2.11
+    and CUDA 13: 20,000 matrices took 224 ms and 10 GB of GPU memory, 65,536 failed with a cuSOLVER
+    error, two threads' first calls at once failed), and on the CPU it took 118 ms per 20,000 on
+    that machine. Open3D computes its normals the same way, on the CPU only."""
+    scale = a.abs().amax((1, 2)).clamp_min(torch.finfo(a.dtype).tiny)
+    b = a / scale[:, None, None]
+    eye = torch.eye(3, dtype=a.dtype, device=a.device)
+    q = b.diagonal(dim1=1, dim2=2).sum(1) / 3
+    off = b[:, 0, 1] ** 2 + b[:, 0, 2] ** 2 + b[:, 1, 2] ** 2
+    p = torch.sqrt(((b.diagonal(dim1=1, dim2=2) - q[:, None]) ** 2).sum(1) / 6 + off / 3)
+    spread = p > 0
+    c = (b - q[:, None, None] * eye) / torch.where(spread, p, 1.0)[:, None, None]
+    phi = torch.acos((_det3(c) / 2).clamp(-1.0, 1.0)) / 3
+    largest = q + 2 * p * torch.cos(phi)
+    smallest = q + 2 * p * torch.cos(phi + 2 * np.pi / 3)
+    values = torch.stack([smallest, 3 * q - largest - smallest, largest], 1)
+    vector, found = _null_vector(b - smallest[:, None, None] * eye)
+    axis, found_axis = _null_vector(b - largest[:, None, None] * eye)
+    # An axis orthogonal to the largest eigenvalue's: its cross product with the least aligned unit axis.
+    other = eye[axis.abs().argmin(1)]
+    across = torch.linalg.cross(axis, other)
+    across = across / across.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    vector = torch.where(found[:, None], vector, torch.where(found_axis[:, None], across, eye[2]))
+    return values * scale[:, None], vector
+
+
+def _det3(m: torch.Tensor) -> torch.Tensor:
+    """``(M,)`` determinants of ``(M, 3, 3)`` matrices by cofactors: ``torch.linalg.det`` factorises
+    through the GPU's solver library, whose first use from two threads at once failed (see above)."""
+    return (m[:, 0, 0] * (m[:, 1, 1] * m[:, 2, 2] - m[:, 1, 2] * m[:, 2, 1])
+            - m[:, 0, 1] * (m[:, 1, 0] * m[:, 2, 2] - m[:, 1, 2] * m[:, 2, 0])
+            + m[:, 0, 2] * (m[:, 1, 0] * m[:, 2, 1] - m[:, 1, 1] * m[:, 2, 0]))
+
+
+def _null_vector(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(M, 3)`` unit vector orthogonal to the rows of each ``(M, 3, 3)`` matrix of rank 2 (the
+    largest cross product of two rows) and ``(M,)`` whether there was one (rank 2, not less)."""
+    crosses = torch.stack([torch.linalg.cross(m[:, 0], m[:, 1]), torch.linalg.cross(m[:, 0], m[:, 2]),
+                           torch.linalg.cross(m[:, 1], m[:, 2])], 1)  # (M, 3, 3)
+    norms = crosses.norm(dim=2)
+    best = norms.argmax(1)
+    length = norms.gather(1, best[:, None])[:, 0]
+    vector = crosses[torch.arange(len(m), device=m.device), best] / length.clamp_min(1e-300)[:, None]
+    return vector, length > RANK_TOLERANCE
+
+
 def normals_and_planarity(covariances: torch.Tensor, counts: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``(M, 3)`` unit normals and ``(M,)`` planarity of the neighbourhoods of ``local_covariances``.
-    The eigen-decomposition runs on the CPU whatever the device. Measured on an H200 (torch 2.11,
-    CUDA 13): torch's batched ``eigh`` of 20,000 3 x 3 matrices on the GPU took 224 ms and 10 GB of
-    GPU memory, of 65,536 it failed (cuSOLVER internal error), the odometry's GPU memory peaked at
-    23-26 GB with it against 0.5 GB without, and its first call from two threads at once failed
-    ("lazy wrapper should be called at most once"). On the CPU: 20 ms for 20,000 on this project's
-    2-core VM, 118 ms on that machine's CPU (on a helper thread, off the scan's path)."""
-    values, vectors = torch.linalg.eigh(covariances.cpu())  # ascending
-    normals, planarity = vectors[:, :, 0].numpy().copy(), _planarity(values.numpy())
-    none = counts.cpu().numpy() < 3
-    normals[none] = (0.0, 0.0, 1.0)
-    planarity[none] = 0.0
-    return normals, planarity
+    """``(M, 3)`` unit normals and ``(M,)`` planarity of the neighbourhoods of ``local_covariances``,
+    on the covariances' device (``symmetric_eigen3``)."""
+    values, vectors = symmetric_eigen3(covariances)
+    none = counts < 3
+    normals = torch.where(none[:, None], torch.tensor([0.0, 0.0, 1.0], dtype=vectors.dtype, device=vectors.device), vectors)
+    planarity = _planarity(values.cpu().numpy())
+    planarity[none.cpu().numpy()] = 0.0
+    return normals.cpu().numpy(), planarity
 
 
 def _planarity(eigenvalues: np.ndarray) -> np.ndarray:

@@ -5,29 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from scipy.spatial import cKDTree
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.icp import HashGrid, point_to_plane_icp
+from s2h_ros.icp import point_to_plane_icp
 from s2h_ros.pipeline import icp_on_device, refine_icp
 from s2h_ros.surface import estimate_normals
 
 RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
-
-
-def test_the_hash_grid_finds_the_exact_nearest_point_within_its_cell(rng):
-    target = rng.uniform(-5, 5, (4000, 3)).astype(np.float32)
-    query = rng.uniform(-6, 6, (3000, 3)).astype(np.float32)
-    cell = 0.6
-    d2, idx = HashGrid(torch.from_numpy(target), cell).nearest(torch.from_numpy(query))
-    dist, nn = cKDTree(target).query(query, distance_upper_bound=cell)
-    found = np.isfinite(dist)
-    assert 0.2 < found.mean() < 0.95  # both kinds of query occur
-    assert np.array_equal(idx.numpy() >= 0, found)
-    assert np.array_equal(idx.numpy()[found], nn[found])
-    np.testing.assert_allclose(np.sqrt(d2.numpy()[found]), dist[found], atol=1e-5)
 
 
 @pytest.fixture(scope="module")

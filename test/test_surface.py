@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import open3d as o3d
 import pytest
+import torch
 
 from s2h_ros import geometry, local_map, surface
 from s2h_ros.handover import in_background
@@ -120,3 +121,22 @@ def test_the_odometry_with_keyframes_prepared_on_helper_threads_gives_the_poses_
         # ICP from normals equal to the last digits stops within its tolerance of the same pose
         # (measured: at most 1.6 mm and 0.0004 deg apart over the drive).
         assert translation < 5e-3 and rotation < 0.05, (a.index, translation, rotation)
+
+
+def test_the_closed_form_eigen_solver_gives_torchs_eigenvalues_and_a_smallest_eigenvector(rng):
+    """Random symmetric matrices at scales from 1e-6 to 1e3, thin planes (a tiny smallest
+    eigenvalue), lines and blobs (ties), and the zero matrix."""
+    a = rng.normal(size=(2000, 3, 3))
+    general = (a @ a.transpose(0, 2, 1)) * np.exp(rng.uniform(np.log(1e-6), np.log(1e3), 2000))[:, None, None]
+    basis = np.linalg.qr(rng.normal(size=(3, 3, 3)))[0]
+    shaped = np.stack([q @ np.diag(d) @ q.T for q in basis for d in ((1e-9, 0.5, 1.0), (0.0, 0.0, 2.0),
+                                                                      (0.0, 1.0, 1.0), (0.3, 0.3, 0.3))])
+    matrices = torch.as_tensor(np.concatenate([general, shaped, np.zeros((1, 3, 3))]))
+    values, vector = surface.symmetric_eigen3(matrices)
+    reference = torch.linalg.eigh(matrices)[0]
+    scale = reference.abs().amax(1, keepdim=True).clamp_min(1e-300)
+    # Where two eigenvalues tie the cubic's angle sits at acos(+-1), which keeps half the digits.
+    assert float(((values - reference).abs() / scale).max()) < 1e-7
+    np.testing.assert_allclose(vector.norm(dim=1).numpy(), 1.0, atol=1e-12)
+    residual = (matrices @ vector[:, :, None])[:, :, 0] - values[:, :1] * vector  # A v = l_min v
+    assert float((residual.norm(dim=1) / scale[:, 0]).max()) < 1e-7

@@ -85,7 +85,7 @@ def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: 
     for i in range(len(scans) - 1):
         src, tgt = prepared[i + 1], prepared[i]
         predicted = src.xyz.astype(np.float64)  # identity prior: consecutive scans
-        tree = tgt.kdtree()
+        tree = tgt.spatial_index()
         pairs, _, _ = match_features(src.features, tgt.features, cfg, "fcgf")
         rows.append({
             "voxels": int(len(src.xyz)),
@@ -133,7 +133,7 @@ def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | N
         rows.append({
             "keyframe_normals": _median_ms(lambda: estimate_normals(tgt.xyz, voxel), torch.device("cpu"), repeats),
             "icp": _median_ms(lambda: refine_icp(src.xyz, tgt.xyz, T, cfg, normals), torch.device("cpu"), repeats),
-            "verify": _median_ms(lambda: verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.kdtree()),
+            "verify": _median_ms(lambda: verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.spatial_index()),
                                  torch.device("cpu"), repeats),
         })
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}

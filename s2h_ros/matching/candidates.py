@@ -103,9 +103,10 @@ def prior_support(predicted_x: np.ndarray, tree_y, feat_x: torch.Tensor, feat_y:
     order among the ``candidates`` y nearest to x's predicted position within ``radius``.
 
     The tracking-mode support: ``predicted_x (Nx, 3)`` are x's points moved by a motion prior into
-    y's frame, ``tree_y`` a scipy cKDTree of y's points. The spatial search runs on the CPU
-    (``cKDTree``, built once per keyframe); the feature ranking on the features' device. Points
-    with no y within ``radius`` get no edge (they stay unmatched).
+    y's frame, ``tree_y`` y's spatial index with cKDTree's ``query`` (``PreparedCloud.spatial_index``,
+    built once per keyframe: scipy's cKDTree on the CPU, a hash grid on a GPU device); the feature
+    ranking runs on the features' device. Points with no y within ``radius`` get no edge (they stay
+    unmatched).
     """
     _check_features("feat_x", feat_x)
     _check_features("feat_y", feat_y)
