@@ -746,10 +746,10 @@ class Registrar:
         A turned heading first is the prior's guess, and a guess extrapolated over a stale interval
         can be far off: the searches do not stop at a decisive result there before the heading as
         given has been tried, so that the rival test (``_without_rival``) sees both. In a 10 Hz
-        to-and-fro drive replayed offline (the soak's, world 12) a prediction 3 s stale turned the
-        scan by 180 deg where the sensor had not turned, and the quick try at 180 deg was trusted
-        decisively 20 m / 180 deg wrong: the street fits the scan turned around
-        (test_odometry_trust.py)."""
+        to-and-fro drive replayed offline (the soak's, world 12) a prediction 3 s stale carried a
+        corner's turn rate on and put the scan at 154 deg where the sensor had turned 15, and the
+        quick try at 180 deg was trusted decisively 20 m / 180 deg wrong: the street fits the scan
+        turned around (test_heading_hypotheses.py)."""
         n = self.config.heading_hypotheses
         if n <= 1 or support is not None or src.feature_kind != "fcgf":
             return [0.0]
