@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from s2h_ros.benchmarks.robustness import MAX_RE_DEG, MAX_TE_M
+from s2h_ros.benchmarks.robustness import FIRST_OF_TRACK, MAX_RE_DEG, MAX_TE_M, step_error
 
 
 PRESETS = ("vlp16", "vlp32", "hdl64", "os128", "depth_camera")
@@ -128,9 +128,9 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
         if step.success and step.pose is not None:
             counts["trusted"] += 1
             errors = []
-            if last is not None and last[2] == step.segment and step.event in ("", "relocalised"):
-                errors.append(geometry.transform_errors(geometry.invert_transform(last[1]) @ step.pose,
-                                                        geometry.invert_transform(gt[last[0]]) @ gt[i]))
+            if last is not None and last[2] == step.segment and step.event not in FIRST_OF_TRACK:
+                te_step, re_step = step_error(last[1], step.pose, gt[last[0]], gt[i])
+                errors.append((re_step, te_step))
             if te_kf is not None:
                 errors.append((re_kf, te_kf))
             re, te = max(errors, key=lambda e: e[1]) if errors else (0.0, 0.0)
