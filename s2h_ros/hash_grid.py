@@ -8,9 +8,9 @@ and on a GPU machine its all-core queries (``workers=-1`` starts a thread per co
 competed with the preparer and keyframe threads: on an H200 host at 10 Hz the tracking support
 took 45 ms a scan inside the odometry where its query alone takes 5 ms, and 8 ms on the device;
 the normals of a scan 69 -> 13 ms with the closed-form eigen-solver (docs/performance.md). Written
-here because no maintained library does it
-for torch tensors on any device: Open3D's tensor neighbour search needs its CUDA build (not on
-PyPI for every platform), torch_cluster and faiss are CUDA builds tied to one torch version.
+here because no maintained library does it for torch tensors on any device: Open3D's tensor
+neighbour search needs its CUDA build (not on PyPI for every platform), torch_cluster and faiss are
+CUDA builds tied to one torch version.
 
 :class:`DeviceIndex` puts cKDTree's ``query`` contract (distances, inf where none; indices, ``n``
 where none) over one grid per radius asked, so the pipeline's callers take either.

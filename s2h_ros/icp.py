@@ -30,6 +30,7 @@ import torch
 from s2h_ros.geometry import apply_transform
 from s2h_ros.hash_grid import HashGrid
 
+
 def _euler_update(x: np.ndarray) -> np.ndarray:
     """``(4, 4)`` of the step ``x = [a, b, c, tx, ty, tz]``: ``Rz(c) Ry(b) Rx(a)`` and ``t``."""
     from scipy.spatial.transform import Rotation

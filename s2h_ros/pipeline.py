@@ -633,7 +633,6 @@ class Registrar:
         DGR's safeguard when none is trusted. The best result, refined and verified. ``turned``:
         source features per heading already computed in this call (filled as it goes)."""
         headings = self.headings(src, support, init)
-        as_given_due = headings[0] != 0.0  # the prior put a turned heading first: the one as given is heard too
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
@@ -641,9 +640,8 @@ class Registrar:
         result = self._finished(src, tgt, first, timer, structure=structure)
         verified = [result]  # every hypothesis refined and verified, for the rival test
         for heading in headings[1:]:
-            if _decisive(result) and not as_given_due:
+            if _decisive(result) and heading != 0.0:  # the heading as given follows only a turned first: heard
                 break
-            as_given_due = as_given_due and heading != 0.0
             hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
                                           picked, heading, defer=True)
             if hyp.deferred or hyp.learned:
