@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "stages": ("s2h_ros.benchmarks.stages", "time of each registration stage per device (GPU vs CPU in one run)"),
     "replay": ("s2h_ros.benchmarks.replay", "registration_node under a live stream vs KISS-ICP"),
     "stream": ("s2h_ros.benchmarks.stream", "the node's odometry under a sensor-rate stream in one process, any device"),
+    "prediction": ("s2h_ros.benchmarks.prediction", "the motion prior's error when a scan comes late, on ground-truth trajectories"),
     "trust": ("s2h_ros.benchmarks.trust", "wrong-but-trusted and needlessly rejected scans per sensor preset"),
     "robustness": ("s2h_ros.benchmarks.robustness", "every bad-input and fault case against the node, CLI and library; soak"),
 }

@@ -84,12 +84,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.handover import in_background
 from s2h_ros.local_map import LocalMap
+from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist
 from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
                               RegistrationResult, agree, check_cloud, ransac_on_correspondences)
 from s2h_ros.surface import on_device
@@ -592,12 +592,12 @@ class KeyframeOdometry:
             delta = geometry.invert_transform(self.last_pose) @ pose
             # Relocalised after a gap or a loss (same odometry frame), or the first trusted scan of a
             # re-seeding segment (the motion since its seed, possibly seconds): a mean over the
-            # interval, see _relocalised_twist, and the next prediction is stale.
+            # interval, see motion_prior.relocalised_twist, and the next prediction is stale.
             self.twist_relocalised = bool(event) or self.reseeding
             if self.twist_relocalised:
-                self.twist = _relocalised_twist(delta, dt)
+                self.twist = relocalised_twist(delta, dt)
             else:
-                self.twist = np.concatenate([delta[:3, 3], Rotation.from_matrix(delta[:3, :3]).as_rotvec()]) / dt
+                self.twist = body_twist(delta, dt)
             body = geometry.adjoint(geometry.invert_transform(result.transform))  # keyframe -> scan body frame
             self.twist_cov = 2.0 * (body @ cov_rel @ body.T) / dt**2
             self.twist_known = True
@@ -682,10 +682,10 @@ class KeyframeOdometry:
             raise RegistrationError(f"{n} finite points (need {self.cfg.min_points})")
 
     def _predict(self, stamp: float) -> np.ndarray:
-        """Pose at ``stamp`` extrapolated from the last trusted pose with the last twist."""
-        dt = max(stamp - self.last_stamp, 0.0) if self.last_stamp is not None else 0.0
-        step = self.twist * dt
-        return self.last_pose @ geometry.make_transform(Rotation.from_rotvec(step[3:]).as_matrix(), step[:3])
+        """Pose at ``stamp`` extrapolated from the last trusted pose with the last twist, its turn
+        rate over at most ``max_gap`` seconds (``motion_prior.predicted_pose``: a turn ends)."""
+        dt = stamp - self.last_stamp if self.last_stamp is not None else 0.0
+        return predicted_pose(self.last_pose, self.twist, dt, turn_horizon=self.cfg.max_gap)
 
     def _add_keyframe(self, prepared: PreparedCloud, scan: np.ndarray | None, pose: np.ndarray, stamp: float,
                       covariance: np.ndarray) -> None:
@@ -714,24 +714,6 @@ class KeyframeOdometry:
         kf = self.keyframes[-1] if self.keyframes else None
         return OdometryStep(index, stamp, False, message, None, None, kf.id if kf else -1, kf.stamp if kf else 0.0,
                             False, result, kf.cloud.input_frame_xyz() if kf else None, segment=self.segment)
-
-
-def _relocalised_twist(delta: np.ndarray, dt: float) -> np.ndarray:
-    """The prior's ``(6,)`` body twist after a relocalisation: ``delta`` (4, 4) is the motion since
-    the last trusted pose, over ``dt`` seconds. Its speed is kept (without it the next scan is
-    predicted at the relocalised pose and searched globally again), along the direction the sensor
-    moves in at the end of the gap: on an arc turning by ``theta``, the chord ``t`` lies ``theta / 2``
-    behind the end's tangent and is ``sin(theta / 2) / (theta / 2)`` of the arc's length (the chord
-    itself, taken as the direction, put predictions after a corner 3.9 m off at the median, the
-    tangent 2.3 m: gaps of 0.8-2 s after turns of more than 20 deg, predicted 0.2-2 s on, ten held-out
-    simulated drives). Its mean turn rate is not kept (a turn ends: the mean yaw rate over 1.5 s of a
-    corner, extrapolated on, put the next prediction 69.5 deg off on a held-out HDL-64 drive
-    emulated at 10 Hz; predictions without rotation after relocalisations there: 0.5-1.3 deg)."""
-    half = Rotation.from_matrix(delta[:3, :3]).as_rotvec() / 2.0
-    angle = float(np.linalg.norm(half))
-    arc = angle / math.sin(angle) if angle > 1e-9 else 1.0
-    tangent = Rotation.from_rotvec(half).as_matrix().T @ delta[:3, 3]
-    return np.concatenate([arc * tangent / dt, np.zeros(3)])
 
 
 def _with_timings(chosen: RegistrationResult, other: RegistrationResult) -> RegistrationResult:

@@ -166,6 +166,19 @@ def test_motion_prior_scales_with_the_time_between_scans(vlp16_drive):
     assert err_pred < 0.5 * err_hold
 
 
+def test_a_stale_prediction_carries_the_turn_rate_for_at_most_max_gap_seconds():
+    """Within ``max_gap`` the prediction is the constant-velocity one; 3 s on, the sensor has gone
+    on at its speed but turned only for ``max_gap`` (a turn ends: s2h bench prediction measures it
+    on real KITTI trajectories, test_bench_prediction.py)."""
+    odo = KeyframeOdometry(FAST, OdometryConfig(max_gap=1.0))
+    odo.last_pose, odo.last_stamp = geometry.yaw_transform(30.0), 5.0
+    odo.twist = np.array([10.0, 0.0, 0.0, 0.0, 0.0, np.radians(40.0)])  # a corner at 40 deg/s
+    near = geometry.invert_transform(odo.last_pose) @ odo._predict(5.5)
+    assert geometry.yaw_deg(near) == pytest.approx(20.0) and near[:3, 3] == pytest.approx([5.0, 0.0, 0.0])
+    far = geometry.invert_transform(odo.last_pose) @ odo._predict(8.0)
+    assert geometry.yaw_deg(far) == pytest.approx(40.0) and far[:3, 3] == pytest.approx([30.0, 0.0, 0.0])
+
+
 # ---------------------------------------------------------------- trust and continuity, defaults
 
 

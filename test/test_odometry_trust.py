@@ -278,12 +278,12 @@ def test_a_relocalisations_twist_keeps_the_speed_along_the_sensors_heading_at_th
     """Over a gap the sensor drove an arc of radius 10 m turning left by ``turn_deg`` in 2 s: the
     prior goes on at the arc's mean speed along the heading at its end (its tangent, not the chord
     between the two poses, which lies half the turn behind), without the turn rate."""
-    from s2h_ros.odometry import _relocalised_twist
+    from s2h_ros.motion_prior import relocalised_twist
 
     theta, radius, dt = np.radians(turn_deg), 10.0, 2.0
     end = [radius * np.sin(theta), radius * (1 - np.cos(theta)), 0.0] if theta else [5.0, 0.0, 0.0]
     delta = geometry.make_transform(geometry.yaw_transform(turn_deg)[:3, :3], np.array(end))
-    twist = _relocalised_twist(delta, dt)
+    twist = relocalised_twist(delta, dt)
     speed = radius * theta / dt if theta else 2.5
     assert twist == pytest.approx([speed, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-9)
 
