@@ -865,11 +865,12 @@ class Registrar:
         also pass ``_zero_motion_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one)."""
         cfg = self.config
         with timer.stage("verify"):
+            nearest = nearest_voxels(src.xyz, T, tgt.spatial_index(), cfg.inlier_distance)
             n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
-                                                            tgt.spatial_index())
+                                                            nearest=nearest)
             # Left perturbations in the target's local frame -> its input frame: Ad of Tr(origin).
             Ad = geometry.adjoint(geometry.shift_transform(np.eye(4), np.zeros(3), tgt.origin))
-            rows = point_to_plane_rows(src.xyz, tgt, T, cfg)
+            rows = point_to_plane_rows(src.xyz, tgt, T, cfg, nearest)
             covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
             degeneracy = alignment_degeneracy(tgt, cfg, rows)  # directions: the same in the input frame
         inlier_ratio = n_inl / max(len(pairs), 1)
@@ -1166,20 +1167,40 @@ def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Regi
     return np.asarray(res.transformation, dtype=np.float64)
 
 
+class NearestVoxels(NamedTuple):
+    """Each source voxel moved by a transform and its nearest target voxel within a bound
+    (:func:`nearest_voxels`): one search that :func:`verify` and :func:`point_to_plane_rows` share."""
+
+    moved: np.ndarray  # (M, 3) float64 source voxels in the target's local frame
+    distance: np.ndarray  # (M,) to the nearest target voxel, inf beyond the bound
+    index: np.ndarray  # (M,) int64 index of that voxel (the target's voxel count beyond the bound)
+
+
+def nearest_voxels(src: np.ndarray, T: np.ndarray, index, bound: float) -> NearestVoxels:
+    """``src`` (M, 3) moved by ``T`` (4, 4) and each one's nearest voxel within ``bound`` in the
+    target's spatial ``index`` (``PreparedCloud.spatial_index``, or a cKDTree of its voxels)."""
+    moved = geometry.apply_transform(T, src.astype(np.float64))
+    distance, idx = index.query(moved, distance_upper_bound=bound, workers=-1)
+    return NearestVoxels(moved, distance, idx)
+
+
 def verify(
-    src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float, tgt_tree=None
+    src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float, tgt_tree=None,
+    nearest: NearestVoxels | None = None,
 ) -> tuple[int, np.ndarray, float, float]:
     """Inlier correspondences, their mask, the cloud fitness of ``T`` (fraction of source voxels
     with a target voxel within ``dist``) and the same within ``dist / 2`` (``tgt_tree``: the
-    target's spatial index when one exists, ``PreparedCloud.spatial_index``)."""
+    target's spatial index when one exists, ``PreparedCloud.spatial_index``; ``nearest``: the
+    source's nearest target voxels within ``dist`` when already searched)."""
     from scipy.spatial import cKDTree
 
-    moved = geometry.apply_transform(T, src.astype(np.float64))
+    if nearest is None:
+        nearest = nearest_voxels(src, T, tgt_tree if tgt_tree is not None else cKDTree(tgt), dist)
     if len(pairs):
-        mask = np.linalg.norm(moved[pairs[:, 0]] - tgt[pairs[:, 1]], axis=1) < dist
+        mask = np.linalg.norm(nearest.moved[pairs[:, 0]] - tgt[pairs[:, 1]], axis=1) < dist
     else:
         mask = np.zeros(0, bool)
-    nn_dist, _ = (tgt_tree if tgt_tree is not None else cKDTree(tgt)).query(moved, distance_upper_bound=dist, workers=-1)
+    nn_dist = nearest.distance
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
 
 
@@ -1260,13 +1281,14 @@ def _slide_refusal(slide: SlideEvidence, degeneracy: Degeneracy, cfg: Registrati
     return ""
 
 
-def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig) -> PlaneRows:
+def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig,
+                        nearest: NearestVoxels | None = None) -> PlaneRows:
     """The point-to-plane terms at ``T``: each source voxel with a target voxel within
-    ``inlier_distance`` gives a row (:class:`PlaneRows`)."""
-    moved = geometry.apply_transform(T, src.astype(np.float64))
-    dist, idx = target.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
-    ok = np.isfinite(dist)
-    p, q = moved[ok], idx[ok]
+    ``inlier_distance`` gives a row (:class:`PlaneRows`; ``nearest``: that search, when done)."""
+    if nearest is None:
+        nearest = nearest_voxels(src, T, target.spatial_index(), cfg.inlier_distance)
+    ok = np.isfinite(nearest.distance)
+    p, q = nearest.moved[ok], nearest.index[ok]
     n = target.normals(cfg.voxel_size)[q]
     return PlaneRows(p, n, np.einsum("ij,ij->i", n, p - target.xyz[q]), q)
 
