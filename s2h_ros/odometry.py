@@ -6,7 +6,8 @@ Each scan goes through these stages:
    looping bag) resets the odometry (event ``time_reset``, a new segment).
 2. **Tracking** while the prior is trusted (a successful scan less than a gap ago and
    ``tracking``): S2H candidates around each voxel's position predicted by the constant-velocity
-   prior (``Registrar.register(search="prior")``). A result that confirms the prediction (within
+   prior (``Registrar.register(search="prior")``; ``s2h_ros.motion_prior``: its turn rate is
+   carried for at most ``max_gap`` seconds, since a turn ends). A result that confirms the prediction (within
    ``agree_distance``, by default half the inlier distance, and 2 deg) is taken as it is; one that corrects it by what the prior's
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
