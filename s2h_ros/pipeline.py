@@ -748,15 +748,9 @@ class Registrar:
         corner's turn rate on and put the scan at 154 deg where the sensor had turned 15, and the
         quick try at 180 deg was trusted decisively 20 m / 180 deg wrong: the street fits the scan
         turned around (test_heading_hypotheses.py)."""
-        n = self.config.heading_hypotheses
-        if n <= 1 or support is not None or src.feature_kind != "fcgf":
+        if support is not None or src.feature_kind != "fcgf":
             return [0.0]
-        headings = [360.0 * h / n for h in range(n)]
-        if init is None:
-            return [0.0] + sorted(headings[1:], key=lambda a: abs(a - 180.0))
-        yaw = geometry.yaw_deg(init)
-        nearest = sorted(headings, key=lambda a: abs(geometry.angle_difference_deg(a, yaw)))
-        return nearest[:1] + [0.0] + [a for a in nearest[1:] if a != 0.0] if nearest[0] != 0.0 else nearest
+        return heading_order(self.config.heading_hypotheses, None if init is None else geometry.yaw_deg(init))
 
     def _features_at(self, src: PreparedCloud, heading: float, timer: _Timer,
                      turned: dict[float, torch.Tensor]) -> torch.Tensor:
@@ -1165,6 +1159,20 @@ def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Regi
                                            reg.TransformationEstimationForGeneralizedICP(),
                                            reg.ICPConvergenceCriteria(1e-6, 1e-6, FINE_ITERATIONS))
     return np.asarray(res.transformation, dtype=np.float64)
+
+
+def heading_order(hypotheses: int, prior_yaw_deg: float | None = None) -> list[float]:
+    """The ``hypotheses`` headings (deg, ``360 k / hypotheses``) in the order the global search
+    tries them (``Registrar.headings`` says why): without a prior yaw 0 first, then the
+    turn-around and the rest by distance from it; with one the heading nearest it first, 0 second
+    (when not first), the rest by distance from it."""
+    if hypotheses <= 1:
+        return [0.0]
+    headings = [360.0 * h / hypotheses for h in range(hypotheses)]
+    if prior_yaw_deg is None:
+        return [0.0] + sorted(headings[1:], key=lambda a: abs(a - 180.0))
+    nearest = sorted(headings, key=lambda a: abs(geometry.angle_difference_deg(a, prior_yaw_deg)))
+    return nearest[:1] + [0.0] + [a for a in nearest[1:] if a != 0.0] if nearest[0] != 0.0 else nearest
 
 
 class NearestVoxels(NamedTuple):

@@ -55,10 +55,10 @@ def curved_drive(tmp_path_factory, curved_stream):
     from s2h_ros.datasets.kitti import KittiSequence
     from s2h_ros.datasets.synthetic.sequence import write_kitti_layout
 
-    seq = curved_stream
     keep = np.arange(0, 4 * CURVED_DRIVE_FRAMES, 4)
     out = tmp_path_factory.mktemp("curved_drive")
-    write_kitti_layout(out, (seq[int(i)] for i in keep), seq.poses[keep], seq.stamps[keep])
+    write_kitti_layout(out, (curved_stream[int(i)] for i in keep), curved_stream.poses[keep],
+                       curved_stream.stamps[keep])
     return KittiSequence(out)
 
 # launch_testing tests need a full ROS 2 install (launch/launch_ros are not on PyPI); they run

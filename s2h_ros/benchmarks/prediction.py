@@ -9,10 +9,10 @@ every ``--every``-th pose of each ``--poses`` file (KITTI layout: camera-0 poses
 poses with ``--calib``; default: the bundled KITTI 00 ground truth), measures the twist over each
 ``--twist-over`` interval ending there, predicts ``--ahead`` seconds on with the turn rate carried
 over each ``--turn-horizons`` (``inf``: carried on; default also the shipped ``max_gap``), and
-compares with the true pose then: yaw and position error, and whether the heading hypothesis
-nearest the predicted yaw is the one nearest the true yaw (``right_heading_first``) or a turned one
-where the truth is within half a hypothesis step of the heading as given (``turned_first``: the
-search tries a wrong turned heading first).
+compares with the true pose then: yaw and position error, and whether the heading hypothesis the
+global search tries first (``pipeline.heading_order``) is the one nearest the true yaw
+(``right_heading_first``) or a turned one where the truth is within half a hypothesis step of the
+heading as given (``turned_first``: the search tries a wrong turned heading first).
 """
 from __future__ import annotations
 
@@ -45,16 +45,12 @@ def _velodyne_poses(path: Path, calib: Path) -> np.ndarray:
     return camera_to_velodyne(read_poses(path), velodyne_to_camera(calib))
 
 
-def _nearest_heading(yaw_deg: float, hypotheses: int) -> int:
-    step = 360.0 / hypotheses
-    return int(round((yaw_deg % 360.0) / step)) % hypotheses
-
-
 def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: float, horizons: list[float],
                       every: int, hypotheses: int) -> dict[str, dict]:
     """Per turn horizon: the errors of predictions ``ahead`` seconds on from every ``every``-th
     pose of ``poses`` (N, 4, 4), the twist measured over the ``twist_over`` seconds before it."""
     from s2h_ros.motion_prior import body_twist, predicted_pose
+    from s2h_ros.pipeline import heading_order
 
     back, on = max(1, round(twist_over * rate)), max(1, round(ahead * rate))
     samples = range(back, len(poses) - on, every)
@@ -68,9 +64,9 @@ def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: 
             true_yaw, yaw = geometry.yaw_deg(truth), geometry.yaw_deg(moved)
             yaw_err.append(abs(geometry.angle_difference_deg(yaw, true_yaw)))
             pos_err.append(float(np.linalg.norm(moved[:3, 3] - truth[:3, 3])))
-            first, true_first = _nearest_heading(yaw, hypotheses), _nearest_heading(true_yaw, hypotheses)
+            first, true_first = heading_order(hypotheses, yaw)[0], heading_order(hypotheses, true_yaw)[0]
             right.append(first == true_first)
-            turned.append(true_first == 0 and first != 0)
+            turned.append(true_first == 0.0 and first != 0.0)
         name = "inf" if math.isinf(horizon) else f"{horizon:g}"
         out[name] = {
             "samples": len(yaw_err),
