@@ -285,6 +285,10 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
 # (Registrar._without_rival).
 RIVAL_INLIER_RATIO = 1.5
 RIVAL_FITNESS_SHARE = 0.5
+# A degenerate hypothesis turned this much from the result (another heading hypothesis's half of
+# the 90 deg between two) is still a rival: the structure along the weak direction leaves the
+# position along it open, not the heading (Registrar._without_rival).
+RIVAL_HEADING_DEG = 45.0
 
 
 def low_fitness(fitness: float, cfg: RegistrationConfig) -> bool:
@@ -322,18 +326,25 @@ class _Hypothesis:
         return not self.fallback and not self.message and not self.deferred
 
 
-def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig) -> bool:
+def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: np.ndarray) -> bool:
     """An untrusted result whose inlier matches say nothing about one pose of the scene: at zero
     motion (the sensors less than ``inlier_distance`` apart), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
     ``_zero_motion_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
     matches beside right results with 37-56), or where the geometry hardly constrains a direction
     (weakest constraint below ``min_constraint``): matches of structure extended along it support
-    every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31)."""
+    every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31).
+    A degenerate result still pins the heading, at zero motion too (its matches lie on structure
+    along the road, which turns with the scan): turned more than ``RIVAL_HEADING_DEG`` from the
+    transform ``against`` (the result it may rival), it contradicts that one (held-out OS1-64
+    highway, world 822: a relocalisation trusted the road turned around, 16.6 m / 180 deg off, with
+    68 inlier matches at fitness 0.36, beside the heading as given with 609, degenerate along the
+    road and slid to zero motion)."""
     if result.success:
         return False
-    degenerate = result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.min_constraint
-    return degenerate or at_zero_motion(result.transform, cfg)
+    if result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.min_constraint:
+        return geometry.transform_errors(result.transform, against)[0] <= RIVAL_HEADING_DEG
+    return at_zero_motion(result.transform, cfg)
 
 
 def _decisive(result: RegistrationResult) -> bool:
@@ -674,8 +685,8 @@ class Registrar:
         times its inlier matches. Inlier matches are what the features say; a second pose that
         nearly as many of them support means the scene fits both. The rival's fitness need not
         reach ``min_fitness``: fitness also measures overlap, low at the truth of a pair seen from
-        far apart. An untrusted hypothesis that pins no pose (at zero motion, or degenerate) is no rival
-        (``_pins_no_pose``).
+        far apart. An untrusted hypothesis that pins no pose (at zero motion, or degenerate at
+        about the result's heading) is no rival (``_pins_no_pose``).
 
         A scene symmetric under a turn fits the scan turned as well as the right way: a held-out
         HDL-32 highway pair 14 m apart was trusted turned around (58 inlier matches, fitness 0.66,
@@ -693,7 +704,8 @@ class Registrar:
         if not result.success:
             return result
         rivals = [c for c in verified if c.num_inliers >= cfg.min_inliers
-                  and c.fitness >= RIVAL_FITNESS_SHARE * cfg.min_fitness and not _pins_no_pose(c, cfg)
+                  and c.fitness >= RIVAL_FITNESS_SHARE * cfg.min_fitness
+                  and not _pins_no_pose(c, cfg, result.transform)
                   and not agree(c.transform, result.transform, cfg.inlier_distance)]
         if not rivals:
             return result
@@ -816,17 +828,23 @@ class Registrar:
         return dataclasses.replace(hyp, T=np.eye(4), message="fewer than 3 correspondences")
 
     def refine(self, source: PreparedCloud, target: PreparedCloud, init: np.ndarray,
-               correspondences: np.ndarray | None = None) -> RegistrationResult:
+               correspondences: np.ndarray | None = None, coarse: float = 0.0) -> RegistrationResult:
         """Local refinement only: ICP from ``init`` (input frames, e.g. a motion prior), then the
         same verification as ``register``; ``correspondences`` (K, 2), e.g. of a failed global
-        registration, are counted as inliers or not but not required (``min_inliers``)."""
+        registration, are counted as inliers or not but not required (``min_inliers``).
+        ``coarse``: metres; when more than the ICP's own two voxels, a first ICP takes
+        correspondences that far apart, so that a start a few degrees off converges (at 30 m a
+        5 deg turn moves a voxel 2.6 m)."""
         cfg = self.config
         t_start = time.perf_counter()
         timer = _Timer()
         pairs = np.zeros((0, 2), np.int64) if correspondences is None else correspondences
+        T = geometry.shift_transform(init, -source.origin, -target.origin)
+        normals = target.normals(cfg.voxel_size)
         with timer.stage("refine"):
-            T = refine_icp(source.xyz, target.xyz, geometry.shift_transform(init, -source.origin, -target.origin),
-                           cfg, target.normals(cfg.voxel_size))
+            if coarse > 2.0 * cfg.voxel_size:
+                T = refine_icp(source.xyz, target.xyz, T, cfg, normals, max_distance=coarse)
+            T = refine_icp(source.xyz, target.xyz, T, cfg, normals)
         result = self._verified_result(source, target, T, pairs, np.ones(len(pairs), np.float32), timer,
                                        require_inliers=False)
         result.search = "icp"
@@ -1106,15 +1124,17 @@ def icp_on_device(cfg: RegistrationConfig) -> bool:
 
 
 def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig,
-               tgt_normals: np.ndarray | None = None) -> np.ndarray:
+               tgt_normals: np.ndarray | None = None, max_distance: float = 0.0) -> np.ndarray:
     """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds: Open3D, or the same
     iteration on ``cfg.device`` (``icp_on_device``); the target's ``(M, 3)`` normals are
-    estimated here unless given (a keyframe's are computed once)."""
+    estimated here unless given (a keyframe's are computed once). Correspondences within
+    ``max_distance`` metres (0: two voxels), the Tukey parameter half of it."""
     normals = estimate_normals(tgt, cfg.voxel_size, cfg.device) if tgt_normals is None else tgt_normals
+    max_distance = max_distance or 2.0 * cfg.voxel_size
     if icp_on_device(cfg):
         from s2h_ros.icp import point_to_plane_icp
 
-        return point_to_plane_icp(src, tgt, normals, T, 2.0 * cfg.voxel_size, cfg.voxel_size, cfg.refine_tolerance,
+        return point_to_plane_icp(src, tgt, normals, T, max_distance, max_distance / 2, cfg.refine_tolerance,
                                   cfg.refine_iters, cfg.device)
     import open3d as o3d
 
@@ -1122,11 +1142,11 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
     ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
     pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
     pt.normals = o3d.utility.Vector3dVector(np.asarray(normals, dtype=np.float64))
-    loss = reg.TukeyLoss(k=cfg.voxel_size)
+    loss = reg.TukeyLoss(k=max_distance / 2)
     res = reg.registration_icp(
         ps,
         pt,
-        2.0 * cfg.voxel_size,
+        max_distance,
         T,
         reg.TransformationEstimationPointToPlane(loss),
         reg.ICPConvergenceCriteria(cfg.refine_tolerance, cfg.refine_tolerance, cfg.refine_iters),

@@ -58,3 +58,20 @@ def test_auto_runs_icp_on_the_device_only_when_the_device_is_a_gpu():
     assert icp_on_device(RegistrationConfig(device="cuda:0"))
     assert not icp_on_device(RegistrationConfig(device="cuda", icp_backend="open3d"))
     assert icp_on_device(RegistrationConfig(icp_backend="torch"))
+
+
+@pytest.mark.parametrize("backend", ["open3d", "torch"])
+def test_a_coarse_first_stage_converges_from_a_corners_few_degrees_where_two_voxels_stop_short(raw_pair, backend):
+    """A start turned 5-8 deg from the optimum (a turn the motion prior did not foresee) moves the
+    far voxels metres: ICP at two voxels settles degrees short of it, while a first stage at the
+    tracking radius (1.5 m, ``Registrar.refine(coarse=)``) brings it in."""
+    src, tgt, normals = raw_pair
+    cfg = RegistrationConfig(icp_backend=backend)
+    converged = refine_icp(src, tgt, np.eye(4), cfg.replace(refine_tolerance=0.0, refine_iters=60), normals)
+    for yaw in (5.0, -8.0):
+        start = _start(converged, 0.3, -0.2, yaw)
+        plain = refine_icp(src, tgt, start, cfg, normals)
+        coarse = refine_icp(src, tgt, refine_icp(src, tgt, start, cfg, normals, max_distance=1.5), cfg, normals)
+        assert geometry.transform_errors(plain, converged)[0] > 2.0, yaw
+        re, te = geometry.transform_errors(coarse, converged)
+        assert re < 0.05 and te < 0.02, (yaw, re, te)

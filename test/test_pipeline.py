@@ -495,6 +495,43 @@ def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_o
     assert stands(degenerate)
 
 
+def test_a_degenerate_hypothesis_at_another_heading_is_a_rival_even_at_zero_motion():
+    """``_pins_no_pose``: a hypothesis refused as degenerate leaves its position along the road
+    open, not its heading. Beside a result that turns the road around it is a rival, at zero motion
+    too (held-out OS1-64 highway, world 822: the road turned around, 16.6 m / 180 deg off, trusted at
+    68 inlier matches beside the heading as given with 609, degenerate and slid to zero motion);
+    at about the result's heading it still says nothing."""
+    from s2h_ros.degeneracy import Degeneracy
+
+    reg = Registrar(RegistrationConfig())
+    cfg = reg.config
+
+    def hypothesis(x: float, yaw: float, inliers: int, fitness: float, degenerate: bool) -> pipeline.RegistrationResult:
+        T = geometry.yaw_transform(yaw)
+        T[0, 3] = x
+        out = pipeline.RegistrationResult(T, not degenerate, "degenerate: ..." if degenerate else "",
+                                          np.zeros((0, 2), np.int64), np.zeros(0, np.float32), np.zeros((3, 3)),
+                                          np.zeros((3, 3)), num_inliers=inliers, fitness=fitness)
+        if degenerate:
+            out.degeneracy = Degeneracy(cfg.min_constraint / 5, np.array([0, 0, 0, 1.0, 0, 0]), np.zeros(3), inliers)
+        return out
+
+    def stands(result, rival) -> bool:
+        return reg._without_rival(result, [result, rival]).success
+
+    def turned_around():
+        return hypothesis(-1.1, 180.0, 68, 0.36, degenerate=False)
+
+    def along():  # right, at the heading as given
+        return hypothesis(5.9, 0.0, 68, 0.6, degenerate=False)
+
+    assert not stands(turned_around(), hypothesis(0.1, 0.0, 609, 0.66, degenerate=True))  # at rest, as given
+    assert not stands(turned_around(), hypothesis(4.0, 0.0, 609, 0.66, degenerate=True))
+    assert stands(turned_around(), hypothesis(0.1, 0.0, 40, 0.66, degenerate=True))  # 1.7 times its matches
+    assert stands(along(), hypothesis(0.1, 0.0, 609, 0.66, degenerate=True))  # slid along the road: no rival
+    assert stands(along(), hypothesis(1.0, 30.0, 609, 0.66, degenerate=True))  # within RIVAL_HEADING_DEG
+
+
 def test_a_sensor_at_rest_on_a_highway_is_trusted_at_zero_motion():
     """Development world 1533, OS1-64 on a highway, two scans from one pose (independent noise),
     the source turned by 120 deg: the global search lands at zero motion in the grey zone of the
