@@ -12,7 +12,8 @@ Each scan goes through these stages:
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
    independent starts agree; that ICP's first stage takes correspondences up to ``prior_radius``
-   apart, as far as tracking looked, so a turn a few degrees beyond the prediction converges). When the prediction is stale (more than ``max_gap`` seconds old, or
+   apart, as far as tracking looked, so a turn a few degrees beyond the prediction converges).
+   When the prediction is stale (more than ``max_gap`` seconds old, or
    its twist a relocalisation's mean over a gap) it may be metres off and vouches for little: the
    result must then also beat its strongest sideways-shifted copy (the repetition test; when the
    copy fits as well, ICP from it must explain the scan clearly worse), else the global search
