@@ -30,8 +30,9 @@ def predicted_pose(pose: np.ndarray, twist: np.ndarray, dt: float, turn_horizon:
     sensor had turned 15 (the soak's 10 Hz drive, world 12), and the global search tried the scan
     turned around first (``Registrar.headings``). On the real KITTI odometry trajectories
     (sequences 00-10, ground truth at 10 Hz; horizons of 0.5-2 s compared on 00-04: 0.5 and 1 s
-    alike in the heading order, 1 s with the smaller tail of yaw errors; 05-10 alike), predictions 3 s ahead put a turned heading hypothesis first for 6.5-8.5 %
-    of the scans whose true turn was under 45 deg with the rate carried on, 0-0.1 % with it carried
+    alike in the heading order, 1 s with the smaller tail of yaw errors; 05-10 alike), predictions
+    3 s ahead put a turned heading hypothesis first for 6.5-8.5 % of the scans whose true turn was
+    under 45 deg with the rate carried on, 0-0.1 % with it carried
     for 1 s, and the median yaw error fell 4.7-6.2 -> 3.5-4.6 deg (``s2h bench prediction``,
     docs/reliability.md). Within the horizon the prediction is the constant-velocity one."""
     dt = max(dt, 0.0)

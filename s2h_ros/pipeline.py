@@ -832,19 +832,14 @@ class Registrar:
         """Local refinement only: ICP from ``init`` (input frames, e.g. a motion prior), then the
         same verification as ``register``; ``correspondences`` (K, 2), e.g. of a failed global
         registration, are counted as inliers or not but not required (``min_inliers``).
-        ``coarse``: metres; when more than the ICP's own two voxels, a first ICP takes
-        correspondences that far apart, so that a start a few degrees off converges (at 30 m a
-        5 deg turn moves a voxel 2.6 m)."""
+        ``coarse``: metres, a first ICP stage that far (``refine_icp``)."""
         cfg = self.config
         t_start = time.perf_counter()
         timer = _Timer()
         pairs = np.zeros((0, 2), np.int64) if correspondences is None else correspondences
-        T = geometry.shift_transform(init, -source.origin, -target.origin)
-        normals = target.normals(cfg.voxel_size)
         with timer.stage("refine"):
-            if coarse > 2.0 * cfg.voxel_size:
-                T = refine_icp(source.xyz, target.xyz, T, cfg, normals, max_distance=coarse)
-            T = refine_icp(source.xyz, target.xyz, T, cfg, normals)
+            T = refine_icp(source.xyz, target.xyz, geometry.shift_transform(init, -source.origin, -target.origin),
+                           cfg, target.normals(cfg.voxel_size), coarse=coarse)
         result = self._verified_result(source, target, T, pairs, np.ones(len(pairs), np.float32), timer,
                                        require_inliers=False)
         result.search = "icp"
@@ -1124,34 +1119,40 @@ def icp_on_device(cfg: RegistrationConfig) -> bool:
 
 
 def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig,
-               tgt_normals: np.ndarray | None = None, max_distance: float = 0.0) -> np.ndarray:
+               tgt_normals: np.ndarray | None = None, coarse: float = 0.0) -> np.ndarray:
     """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds: Open3D, or the same
     iteration on ``cfg.device`` (``icp_on_device``); the target's ``(M, 3)`` normals are
-    estimated here unless given (a keyframe's are computed once). Correspondences within
-    ``max_distance`` metres (0: two voxels), the Tukey parameter half of it."""
+    estimated here unless given (a keyframe's are computed once). Correspondences within two
+    voxels, the Tukey parameter one voxel. ``coarse``: metres; when more than two voxels, a first
+    ICP takes correspondences that far apart (the Tukey parameter half of it), so that a start a
+    few degrees off converges (at 30 m a 5 deg turn moves a voxel 2.6 m)."""
     normals = estimate_normals(tgt, cfg.voxel_size, cfg.device) if tgt_normals is None else tgt_normals
-    max_distance = max_distance or 2.0 * cfg.voxel_size
+    fine = 2.0 * cfg.voxel_size
+    distances = ([coarse] if coarse > fine else []) + [fine]
     if icp_on_device(cfg):
         from s2h_ros.icp import point_to_plane_icp
 
-        return point_to_plane_icp(src, tgt, normals, T, max_distance, max_distance / 2, cfg.refine_tolerance,
-                                  cfg.refine_iters, cfg.device)
+        for distance in distances:
+            T = point_to_plane_icp(src, tgt, normals, T, distance, distance / 2, cfg.refine_tolerance,
+                                   cfg.refine_iters, cfg.device)
+        return T
     import open3d as o3d
 
     reg = o3d.pipelines.registration
     ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
     pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
     pt.normals = o3d.utility.Vector3dVector(np.asarray(normals, dtype=np.float64))
-    loss = reg.TukeyLoss(k=max_distance / 2)
-    res = reg.registration_icp(
-        ps,
-        pt,
-        max_distance,
-        T,
-        reg.TransformationEstimationPointToPlane(loss),
-        reg.ICPConvergenceCriteria(cfg.refine_tolerance, cfg.refine_tolerance, cfg.refine_iters),
-    )
-    return np.asarray(res.transformation, dtype=np.float64)
+    for distance in distances:
+        res = reg.registration_icp(
+            ps,
+            pt,
+            distance,
+            T,
+            reg.TransformationEstimationPointToPlane(reg.TukeyLoss(k=distance / 2)),
+            reg.ICPConvergenceCriteria(cfg.refine_tolerance, cfg.refine_tolerance, cfg.refine_iters),
+        )
+        T = np.asarray(res.transformation, dtype=np.float64)
+    return T
 
 
 # The fine stage may turn the refined result by less than this (the agreement angle), and runs at

@@ -71,7 +71,7 @@ def test_a_coarse_first_stage_converges_from_a_corners_few_degrees_where_two_vox
     for yaw in (5.0, -8.0):
         start = _start(converged, 0.3, -0.2, yaw)
         plain = refine_icp(src, tgt, start, cfg, normals)
-        coarse = refine_icp(src, tgt, refine_icp(src, tgt, start, cfg, normals, max_distance=1.5), cfg, normals)
+        coarse = refine_icp(src, tgt, start, cfg, normals, coarse=1.5)
         assert geometry.transform_errors(plain, converged)[0] > 2.0, yaw
         re, te = geometry.transform_errors(coarse, converged)
         assert re < 0.05 and te < 0.02, (yaw, re, te)
