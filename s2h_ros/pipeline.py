@@ -43,6 +43,7 @@ from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
 from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence,
                                  weakest_direction)
+from s2h_ros.gravity import ground_up, levelling_rotation
 from s2h_ros.hash_grid import DeviceIndex
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
@@ -75,6 +76,11 @@ class PreparedCloud:
     origin: np.ndarray = field(default_factory=lambda: np.zeros(3))  # (3,) float64: input = xyz + origin
     num_non_finite: int = 0  # input rows dropped for a NaN/inf coordinate
     num_out_of_range: int = 0  # input points dropped beyond range_limit() of the median
+    # Learned features of a tilted cloud are computed on it levelled (``level_above_deg``,
+    # s2h_ros.gravity): ``level`` the (3, 3) rotation that took its ground's up to z (None: the cloud
+    # as given), ``tilt_deg`` the up's estimated angle from z (reported whether levelled or not).
+    level: np.ndarray | None = None
+    tilt_deg: float = 0.0
 
     _normals: np.ndarray | None = field(default=None, repr=False)
     _planarity: np.ndarray | None = field(default=None, repr=False)
@@ -86,6 +92,10 @@ class PreparedCloud:
     def input_frame_xyz(self) -> np.ndarray:
         """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
         return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
+
+    def up(self) -> np.ndarray:
+        """``(3,)`` float64 up in the cloud's frame: its ground's when levelled, else z (REP-103)."""
+        return np.array([0.0, 0.0, 1.0]) if self.level is None else np.asarray(self.level[2], np.float64)
 
     @property
     def device(self) -> torch.device:
@@ -197,6 +207,9 @@ class RegistrationResult:
     fallback: str = ""  # why: "no inlier network", "inlier weight sum below N", "learned estimate not trusted"
     feature_kind: str = ""
     features_used: str = ""  # the features with their weight file, e.g. "fcgf (s2h_compact_indoor.pt)"
+    # (source, target): degrees each cloud's features were levelled by (its ground's tilt from z,
+    # ``level_above_deg``); 0 where the features saw the cloud as given.
+    levelled_deg: tuple[float, float] = (0.0, 0.0)
     inlier_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (K,) within inlier distance
     timings: dict[str, float] = field(default_factory=dict)  # ms per stage, plus "total"
     # (6, 6) covariance of the transform's left perturbation [translation, rotation] in the target
@@ -246,6 +259,7 @@ class RegistrationResult:
             "fallback": self.fallback,
             "feature_kind": self.feature_kind,
             "features_used": self.features_used,
+            "levelled_deg": list(self.levelled_deg),
             "search": self.search,
             "heading_deg": self.heading_deg,
             "timings_ms": self.timings,
@@ -503,6 +517,14 @@ class Registrar:
             raise RegistrationError(f"{name} has only {len(voxels)} occupied voxels at {cfg.voxel_size} m "
                                     f"(from {len(points)} points; registration needs 3 or more)")
         kind = self.feature_kind()
+        level, tilt = None, 0.0
+        if kind == "fcgf" and cfg.level_above_deg < 90.0:
+            with timer.stage("level"):
+                up = ground_up(voxels.astype(np.float64) + checked.origin)
+            tilt = up.tilt_deg
+            if up.found and tilt > cfg.level_above_deg:
+                level = levelling_rotation(up.direction)
+                voxels = self._levelled_voxels(points, level)
         with timer.stage("features", self.device):
             if kind == "fcgf":
                 from s2h_ros.models.fcgf import extract_features
@@ -510,10 +532,23 @@ class Registrar:
                 fcgf = self._load_models().fcgf
                 voxels, feats = extract_features(fcgf, voxels, cfg.voxel_size, device=self.device)
                 voxels = np.asarray(voxels, dtype=np.float32)
+                if level is not None:  # back to the input frame: the features stay with their voxels
+                    voxels = (voxels.astype(np.float64) @ level).astype(np.float32)
             else:
                 feats = torch.as_tensor(fpfh_features(voxels, cfg.voxel_size), device=self.device)
         return PreparedCloud(voxels, feats, len(points), kind, timer.ms, origin=checked.origin,
-                             num_non_finite=checked.num_non_finite, num_out_of_range=checked.num_out_of_range)
+                             num_non_finite=checked.num_non_finite, num_out_of_range=checked.num_out_of_range,
+                             level=level, tilt_deg=float(tilt))
+
+    def _levelled_voxels(self, points: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """``(M, 3)`` float32: ``points (N, 3)`` turned by ``level`` and voxelised on the levelled
+        grid (turning the input frame's voxels instead would merge about a tenth of them)."""
+        cfg = self.config
+        turned = (points.astype(np.float64) @ level.T).astype(np.float32)
+        keep = geometry.voxel_downsample(turned, cfg.voxel_size, self.device)
+        if len(keep) > cfg.max_points:
+            keep = np.sort(self._rng.choice(keep, cfg.max_points, replace=False))
+        return turned[keep]
 
     # ------------------------------------------------------------------ registration
     def register(
@@ -776,13 +811,15 @@ class Registrar:
         return turned[heading]
 
     def turned_features(self, src: PreparedCloud, heading_deg: float) -> torch.Tensor:
-        """``(M, C)`` FCGF descriptors of the source voxels turned by ``heading_deg`` about z, row
-        i belonging to ``src.xyz[i]``: learned features are not rotation invariant, so a pair
-        beyond the headings they were trained on matches only after such a turn. Multiples of
-        90 deg map the voxel grid onto itself, so no voxel is merged or lost."""
+        """``(M, C)`` FCGF descriptors of the source voxels turned by ``heading_deg`` about z (about its
+        ground's up when it was levelled: the levelled voxels turned), row i belonging to
+        ``src.xyz[i]``: learned features are not rotation invariant, so a pair beyond the headings
+        they were trained on matches only after such a turn. Multiples of 90 deg map the voxel grid
+        onto itself, so no voxel is merged or lost."""
         from s2h_ros.models.fcgf import point_features
 
-        turned = geometry.apply_transform(geometry.yaw_transform(heading_deg), src.xyz.astype(np.float64))
+        xyz = src.xyz.astype(np.float64) if src.level is None else src.xyz.astype(np.float64) @ src.level.T
+        turned = geometry.apply_transform(geometry.yaw_transform(heading_deg), xyz)
         return point_features(self._load_models().fcgf, turned.astype(np.float32), self.config.voxel_size,
                               device=self.device)
 
@@ -914,6 +951,7 @@ class Registrar:
             fitness_fine=float(fitness_fine),
             feature_kind=src.feature_kind,
             features_used=self.features_used() if src.feature_kind == "fcgf" else src.feature_kind,
+            levelled_deg=(src.tilt_deg if src.level is not None else 0.0, tgt.tilt_deg if tgt.level is not None else 0.0),
             inlier_mask=inl_mask,
             timings=timer.ms,
             dropped_points={
@@ -1257,9 +1295,10 @@ def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
 
 
 def off_ground(cloud: "PreparedCloud", cfg: RegistrationConfig) -> np.ndarray:
-    """``(N,)`` bool: the voxels of ``cloud`` whose normal is not within about 25 deg of z (z up,
-    REP-103): the scene's structure, not the ground the sensor draws its pattern on."""
-    return np.abs(cloud.normals(cfg.voxel_size)[:, 2]) < 0.9
+    """``(N,)`` bool: the voxels of ``cloud`` whose normal is not within about 25 deg of up (z,
+    REP-103, or a levelled cloud's ground up, ``PreparedCloud.up``): the scene's structure, not the
+    ground the sensor draws its pattern on."""
+    return np.abs(cloud.normals(cfg.voxel_size) @ cloud.up()) < 0.9
 
 
 # A repeated structure's copies are looked for this many inlier distances sideways: from just

@@ -100,13 +100,18 @@ def test_eval_turn_option_turns_every_source_within_its_range():
 
     from s2h_ros.commands.eval import _turned
 
-    args = argparse.Namespace(turn=(90.0, 180.0), seed=5)
+    args = argparse.Namespace(turn=(90.0, 180.0), tilt=None, seed=5)
     pairs = list(_turned([kitti_loop_pair()] * 6, args))
     turns = [p.meta["turn_deg"] for p in pairs]
     assert all(90.0 <= abs(t) <= 180.0 for t in turns) and len(set(np.sign(turns))) == 2
     assert turns == [p.meta["turn_deg"] for p in _turned([kitti_loop_pair()] * 6, args)]  # seeded
     with pytest.raises(SystemExit, match="--turn needs 0 <= MIN <= MAX <= 180"):
-        _turned([], argparse.Namespace(turn=(100.0, 90.0), seed=0))
+        _turned([], argparse.Namespace(turn=(100.0, 90.0), tilt=None, seed=0))
+    with pytest.raises(SystemExit, match="--tilt needs 0 <= MIN <= MAX <= 90"):
+        _turned([], argparse.Namespace(turn=None, tilt=(20.0, 120.0), seed=0))
+    tilted = list(_turned([kitti_loop_pair()] * 2, argparse.Namespace(turn=(90.0, 180.0), tilt=(20.0, 45.0), seed=5)))
+    assert [p.meta["turn_deg"] for p in tilted] == turns[:2]  # the same turns, then the tilts
+    assert all(20.0 <= t <= 45.0 for p in tilted for t in p.meta["tilt_deg"])
 
 
 @pytest.mark.parametrize("search", ["quick", "global"])

@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pairs: turn every source about z by a random heading of MIN-MAX deg either way "
                              "(seeded by --seed; T_gt follows): relative headings beyond the data's own "
                              "(matrix: default 0 180 on its synthetic cells; 0 0 turns none)")
+    parser.add_argument("--tilt", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
+                        help="pairs: tilt every source and target, each about its own random horizontal axis, by "
+                             "MIN-MAX deg (seeded by --seed; after --turn; T_gt follows): handheld rigs, slopes, "
+                             "sensors mounted at an angle")
     parser.add_argument("--min-distance", type=float, default=10.0, help="synthetic pairs: metres apart (min)")
     parser.add_argument("--max-distance", type=float, default=20.0,
                         help="synthetic pairs: metres apart (max, --pair-source sampler)")
@@ -192,27 +196,32 @@ def load_pairs(args: argparse.Namespace) -> Any:
 
 
 class _TurnedPairs:
-    """Pairs with each source turned about z by a heading drawn from ``--turn`` (lazily)."""
+    """Pairs with each source turned about z by a heading drawn from ``--turn`` and then both clouds
+    tilted by ``--tilt`` (either may be None), lazily."""
 
-    def __init__(self, pairs: Any, low: float, high: float, seed: int):
-        self.pairs, self.low, self.high, self.seed = pairs, low, high, seed
+    def __init__(self, pairs: Any, turn: tuple[float, float] | None, tilt: tuple[float, float] | None, seed: int):
+        self.pairs, self.turn, self.tilt, self.seed = pairs, turn, tilt, seed
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __iter__(self):
-        from s2h_ros.datasets.types import turned_pairs
+        from s2h_ros.datasets.types import tilted_pairs, turned_pairs
 
-        return turned_pairs(self.pairs, self.low, self.high, self.seed)
+        pairs = iter(self.pairs)
+        if self.turn is not None:
+            pairs = turned_pairs(pairs, *self.turn, self.seed)
+        return pairs if self.tilt is None else tilted_pairs(pairs, *self.tilt, self.seed)
 
 
 def _turned(pairs: Any, args: argparse.Namespace) -> Any:
-    if args.turn is None:
+    if args.turn is None and args.tilt is None:
         return pairs
-    low, high = args.turn
-    if not 0.0 <= low <= high <= 180.0:
-        raise SystemExit(f"s2h eval: --turn needs 0 <= MIN <= MAX <= 180 degrees, got {low:g} {high:g}")
-    return _TurnedPairs(pairs, low, high, args.seed)
+    for name, limits, most in (("--turn", args.turn, 180.0), ("--tilt", args.tilt, 90.0)):
+        if limits is not None and not 0.0 <= limits[0] <= limits[1] <= most:
+            raise SystemExit(f"s2h eval: {name} needs 0 <= MIN <= MAX <= {most:g} degrees, "
+                             f"got {limits[0]:g} {limits[1]:g}")
+    return _TurnedPairs(pairs, args.turn, args.tilt, args.seed)
 
 
 def load_sequence(args: argparse.Namespace) -> Any:

@@ -59,6 +59,38 @@ def turned_pairs(pairs: Iterable[PointCloudPair], low: float, high: float, seed:
         yield turned_pair(pair, float(rng.choice([-1.0, 1.0]) * rng.uniform(low, high)))
 
 
+def tilted_pair(pair: PointCloudPair, source_tilt: np.ndarray, target_tilt: np.ndarray) -> PointCloudPair:
+    """``pair`` with its source and target each turned by a ``(3, 3)`` rotation (``T_gt`` follows):
+    the same scene seen by tilted sensors, e.g. a handheld rig (``meta["tilt_deg"]`` records the two
+    angles)."""
+    from scipy.spatial.transform import Rotation
+
+    from s2h_ros import geometry
+
+    Rs, Rt = geometry.make_transform(source_tilt, np.zeros(3)), geometry.make_transform(target_tilt, np.zeros(3))
+    source = geometry.apply_transform(Rs, np.asarray(pair.source, dtype=np.float64)).astype(pair.source.dtype)
+    target = geometry.apply_transform(Rt, np.asarray(pair.target, dtype=np.float64)).astype(pair.target.dtype)
+    angles = [float(np.degrees(Rotation.from_matrix(R).magnitude())) for R in (source_tilt, target_tilt)]
+    return PointCloudPair(source, target, Rt @ pair.T_gt @ geometry.invert_transform(Rs), pair.name,
+                          {**pair.meta, "tilt_deg": angles})
+
+
+def tilted_pairs(pairs: Iterable[PointCloudPair], low: float, high: float, seed: int) -> Iterator[PointCloudPair]:
+    """Each pair's source and target tilted (:func:`tilted_pair`), each by ``low``-``high`` deg about
+    its own random horizontal axis, drawn in order from a generator seeded by ``seed``."""
+    from scipy.spatial.transform import Rotation
+
+    rng = np.random.default_rng([int(seed), 11])
+
+    def tilt() -> np.ndarray:
+        axis = rng.uniform(0.0, 2.0 * np.pi)
+        angle = np.radians(rng.uniform(low, high))
+        return Rotation.from_rotvec(angle * np.array([np.cos(axis), np.sin(axis), 0.0])).as_matrix()
+
+    for pair in pairs:
+        yield tilted_pair(pair, tilt(), tilt())
+
+
 @dataclass
 class Scan:
     """One sensor sweep with its timestamp and, when known, its ground-truth pose."""
