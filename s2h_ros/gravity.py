@@ -5,7 +5,7 @@ Learned features are not rotation invariant. The shipped FCGF was trained on clo
 most a few degrees, and its matches fade beyond about 20 deg: held-out OS1-64 town pairs with the
 source tilted by 30 deg keep their pose but lose most inlier matches, at 45 deg 3 of 8 are lost.
 Handheld rigs, robots on slopes and sensors mounted at an angle give exactly such clouds (the real
-Newer College OS1-64 scans here are 18-26 deg from level, and two of them 41 deg apart).
+Newer College OS1-64 scans here are 17-27 deg from level, and two of them 41 deg apart).
 
 A cloud's ground says where up is: along the true up, the ground is one thin dense slab of points
 below the sensor; along any other direction it smears over many heights. :func:`ground_up` looks

@@ -93,6 +93,16 @@ class PreparedCloud:
         """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
         return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
 
+    @property
+    def levelled_deg(self) -> float:
+        """Degrees the features' view of the cloud was levelled by (0: as given)."""
+        return self.tilt_deg if self.level is not None else 0.0
+
+    def feature_frame_xyz(self) -> np.ndarray:
+        """``(M, 3)`` float64 voxels as the features saw them: levelled when ``level`` is set."""
+        xyz = self.xyz.astype(np.float64)
+        return xyz if self.level is None else xyz @ self.level.T
+
     def up(self) -> np.ndarray:
         """``(3,)`` float64 up in the cloud's frame: its ground's when levelled, else z (REP-103)."""
         return np.array([0.0, 0.0, 1.0]) if self.level is None else np.asarray(self.level[2], np.float64)
@@ -509,22 +519,21 @@ class Registrar:
         checked = xyz if isinstance(xyz, CheckedCloud) else check_cloud(name, xyz, cfg.voxel_size)
         points = checked.xyz
         with timer.stage("voxelize", self.device):
-            keep = geometry.voxel_downsample(points, cfg.voxel_size, self.device)
-            if len(keep) > cfg.max_points:
-                keep = np.sort(self._rng.choice(keep, cfg.max_points, replace=False))
-            voxels = points[keep]
+            voxels = self._voxels(points)
         if len(voxels) < 3:
             raise RegistrationError(f"{name} has only {len(voxels)} occupied voxels at {cfg.voxel_size} m "
                                     f"(from {len(points)} points; registration needs 3 or more)")
         kind = self.feature_kind()
         level, tilt = None, 0.0
         if kind == "fcgf" and cfg.level_above_deg < 90.0:
-            with timer.stage("level"):
+            with timer.stage("level", self.device):
                 up = ground_up(voxels.astype(np.float64) + checked.origin)
-            tilt = up.tilt_deg
-            if up.found and tilt > cfg.level_above_deg:
-                level = levelling_rotation(up.direction)
-                voxels = self._levelled_voxels(points, level)
+                tilt = up.tilt_deg
+                if up.found and tilt > cfg.level_above_deg:
+                    # voxelised again on the levelled grid: turning the input frame's voxels instead
+                    # would merge about a tenth of them
+                    level = levelling_rotation(up.direction)
+                    voxels = self._voxels((points.astype(np.float64) @ level.T).astype(np.float32))
         with timer.stage("features", self.device):
             if kind == "fcgf":
                 from s2h_ros.models.fcgf import extract_features
@@ -540,15 +549,14 @@ class Registrar:
                              num_non_finite=checked.num_non_finite, num_out_of_range=checked.num_out_of_range,
                              level=level, tilt_deg=float(tilt))
 
-    def _levelled_voxels(self, points: np.ndarray, level: np.ndarray) -> np.ndarray:
-        """``(M, 3)`` float32: ``points (N, 3)`` turned by ``level`` and voxelised on the levelled
-        grid (turning the input frame's voxels instead would merge about a tenth of them)."""
+    def _voxels(self, points: np.ndarray) -> np.ndarray:
+        """``(M, 3)``: one point of each occupied voxel of ``points (N, 3)``, at most ``max_points``
+        of them (a random subset above)."""
         cfg = self.config
-        turned = (points.astype(np.float64) @ level.T).astype(np.float32)
-        keep = geometry.voxel_downsample(turned, cfg.voxel_size, self.device)
+        keep = geometry.voxel_downsample(points, cfg.voxel_size, self.device)
         if len(keep) > cfg.max_points:
             keep = np.sort(self._rng.choice(keep, cfg.max_points, replace=False))
-        return turned[keep]
+        return points[keep]
 
     # ------------------------------------------------------------------ registration
     def register(
@@ -818,8 +826,7 @@ class Registrar:
         onto itself, so no voxel is merged or lost."""
         from s2h_ros.models.fcgf import point_features
 
-        xyz = src.xyz.astype(np.float64) if src.level is None else src.xyz.astype(np.float64) @ src.level.T
-        turned = geometry.apply_transform(geometry.yaw_transform(heading_deg), xyz)
+        turned = geometry.apply_transform(geometry.yaw_transform(heading_deg), src.feature_frame_xyz())
         return point_features(self._load_models().fcgf, turned.astype(np.float32), self.config.voxel_size,
                               device=self.device)
 
@@ -951,7 +958,7 @@ class Registrar:
             fitness_fine=float(fitness_fine),
             feature_kind=src.feature_kind,
             features_used=self.features_used() if src.feature_kind == "fcgf" else src.feature_kind,
-            levelled_deg=(src.tilt_deg if src.level is not None else 0.0, tgt.tilt_deg if tgt.level is not None else 0.0),
+            levelled_deg=(src.levelled_deg, tgt.levelled_deg),
             inlier_mask=inl_mask,
             timings=timer.ms,
             dropped_points={
