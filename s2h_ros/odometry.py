@@ -401,7 +401,7 @@ class KeyframeOdometry:
         if repeated is None or repeated.ratio < reg.config.max_repetition:
             return result
         shift = np.eye(4)
-        shift[:2, 3] = repeated.shift
+        shift[:3, 3] = repeated.shift
         copy = reg.refine(prepared, keyframe.cloud, shift @ result.transform, result.correspondences)
         if copy.success and result.fitness_fine < copy.fitness_fine + self.cfg.ambiguity_margin:
             result.success = False

@@ -100,8 +100,13 @@ class PreparedCloud:
 
     def feature_frame_xyz(self) -> np.ndarray:
         """``(M, 3)`` float64 voxels as the features saw them: levelled when ``level`` is set."""
-        xyz = self.xyz.astype(np.float64)
-        return xyz if self.level is None else xyz @ self.level.T
+        return self.feature_frame(self.xyz.astype(np.float64))
+
+    def feature_frame(self, vectors: np.ndarray) -> np.ndarray:
+        """``(..., 3)`` float64 points or directions of this cloud's local frame in the frame its
+        features saw (levelled when ``level`` is set, else unchanged)."""
+        vectors = np.asarray(vectors, np.float64)
+        return vectors if self.level is None else vectors @ self.level.T
 
     def up(self) -> np.ndarray:
         """``(3,)`` float64 up in the cloud's frame: its ground's when levelled, else z (REP-103)."""
@@ -648,7 +653,7 @@ class Registrar:
             picked = self._matched_subset(src, self.config.global_max_points)
         if picked is None and not alone:
             return None
-        headings = self.headings(src, None, init)
+        headings = self.headings(src, None, init, tgt)
         tries = []
         for heading in headings[:1] if headings[0] == 0.0 else [headings[0], 0.0]:
             hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
@@ -686,7 +691,7 @@ class Registrar:
         first hypothesis; globally with learned features the other headings until one is decisive;
         DGR's safeguard when none is trusted. The best result, refined and verified. ``turned``:
         source features per heading already computed in this call (filled as it goes)."""
-        headings = self.headings(src, support, init)
+        headings = self.headings(src, support, init, tgt)
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
@@ -788,7 +793,8 @@ class Registrar:
         result.fallback = hyp.fallback
         return result
 
-    def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None) -> list[float]:
+    def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None,
+                 tgt: PreparedCloud | None = None) -> list[float]:
         """Source headings (deg) the search tries, in order: the global learned-feature search turns
         the source to each of ``heading_hypotheses`` headings about z (FPFH is rotation invariant;
         tracking has the motion prior's heading: ``[0]``). Without a prior the heading as given, then
@@ -802,10 +808,15 @@ class Registrar:
         to-and-fro drive replayed offline (the soak's, world 12) a prediction 3 s stale carried a
         corner's turn rate on and put the scan at 154 deg where the sensor had turned 15, and the
         quick try at 180 deg was trusted decisively 20 m / 180 deg wrong: the street fits the scan
-        turned around (test_heading_hypotheses.py)."""
+        turned around (test_heading_hypotheses.py). The prior's yaw is read between the clouds as
+        their features saw them (``levelled_transform`` with ``tgt``): a levelled source turns about its
+        ground's up."""
         if support is not None or src.feature_kind != "fcgf":
             return [0.0]
-        return heading_order(self.config.heading_hypotheses, None if init is None else geometry.yaw_deg(init))
+        if init is None:
+            return heading_order(self.config.heading_hypotheses)
+        seen = levelled_transform(src, tgt, init) if tgt is not None else init
+        return heading_order(self.config.heading_hypotheses, geometry.yaw_deg(seen))
 
     def _features_at(self, src: PreparedCloud, heading: float, timer: _Timer,
                      turned: dict[float, torch.Tensor]) -> torch.Tensor:
@@ -936,7 +947,9 @@ class Registrar:
         slide = None
         if success and degeneracy.eigenvalue < cfg.weak_constraint:
             with timer.stage("verify"):
-                slide = slide_evidence(src.xyz, tgt.xyz, T, degeneracy.direction[:3], cfg.inlier_distance)
+                T_level = levelled_transform(src, tgt, T)  # "above the ground" and "in plan" against each cloud's up
+                slide = slide_evidence(src.feature_frame_xyz(), tgt.feature_frame_xyz(), T_level,
+                                       tgt.feature_frame(degeneracy.direction[:3]), cfg.inlier_distance)
             message = _slide_refusal(slide, degeneracy, cfg)
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
@@ -1317,13 +1330,29 @@ REPETITION_SHIFT_DISTANCES = (5.0, 50.0)
 def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> Repetition:
     """The strongest sideways-shifted copy of the result ``T`` (local frames): the source's voxels
     off the ground, with their normals, against the whole target, on a grid of ``inlier_distance``
-    (:func:`s2h_ros.repetition.repetition`)."""
+    (:func:`s2h_ros.repetition.repetition`), shifted along the target's ground: in its levelled frame
+    when its features were levelled (a tilted sensor's x, y would lift a slide out of the plane)."""
     lo, hi = REPETITION_SHIFT_DISTANCES
     d = cfg.inlier_distance
     structure = off_ground(src, cfg)
-    aligned = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
-    normals = src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T
-    return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.spatial_index())
+    aligned = tgt.feature_frame(geometry.apply_transform(T, src.xyz[structure].astype(np.float64)))
+    normals = tgt.feature_frame(src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T)
+    if tgt.level is None:
+        return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.spatial_index())
+    # A levelled keyframe: shifts along its ground, not its tilted x, y; the copy's shift back in its frame.
+    found = repetition(aligned, normals, tgt.feature_frame_xyz(), d, lo * d, hi * d)
+    return dataclasses.replace(found, shift=found.shift @ tgt.level)
+
+
+def levelled_transform(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray) -> np.ndarray:
+    """``(4, 4)`` the result ``T`` (source -> target, local frames) between the two clouds as their
+    features saw them (``PreparedCloud.feature_frame_xyz``: each levelled onto its own up, or as given)."""
+    out = np.array(T, np.float64, copy=True)
+    if src.level is not None:
+        out[:3, :3] = out[:3, :3] @ src.level.T
+    if tgt.level is not None:
+        out[:3, :] = tgt.level @ out[:3, :]
+    return out
 
 
 class PlaneRows(NamedTuple):

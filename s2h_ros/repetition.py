@@ -41,11 +41,12 @@ class Repetition:
     """The strongest shifted copy of a result (see the module text)."""
 
     ratio: float  # weighted fit of the copy / at the result: 0 when no peak, about 1 or more when it fits as well
-    shift: np.ndarray  # (2,) float64 metres, d* in the target frame's x, y (zeros when no peak)
+    shift: np.ndarray  # (3,) float64 metres, d* in the target frame (zeros when no peak); horizontal in the
+    # frame the test ran in (the target's own, or its levelled one: s2h_ros.pipeline.result_repetition)
     fit: float  # C(0) / N: off-ground points within about one cell at the result
 
     def describe(self) -> str:
-        return f"({self.shift[0]:+.2f}, {self.shift[1]:+.2f}) m"
+        return f"({self.shift[0]:+.2f}, {self.shift[1]:+.2f}, {self.shift[2]:+.2f}) m"
 
     def refusal(self, max_repetition: float) -> str:
         """Why a result whose copy fits as well (``ratio >= max_repetition``) is not trusted."""
@@ -160,7 +161,7 @@ def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cel
     from scipy.spatial import cKDTree
 
     if len(aligned) == 0 or len(target) == 0:
-        return Repetition(0.0, np.zeros(2), 0.0)
+        return Repetition(0.0, np.zeros(3), 0.0)
     scores = shift_correlation(aligned, target, cell, max_shift)
     m = scores.shape[0] // 2
     fit = float(scores[m - 1:m + 2, m - 1:m + 2].max())
@@ -169,12 +170,12 @@ def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cel
         keep = np.random.default_rng(0).choice(len(aligned), WEIGHED_POINTS, replace=False)
         aligned, normals = aligned[keep], normals[keep]
     fits = tree.query(aligned, distance_upper_bound=cell)[0] < cell
-    best = Repetition(0.0, np.zeros(2), fit)
+    best = Repetition(0.0, np.zeros(3), fit)
     for peak in peak_shifts(scores, cell, min_shift, CANDIDATE_PEAKS):
         shift = settled_shift(aligned, target, tree, peak, cell)
         if np.linalg.norm(shift) < min_shift:  # slid back onto the result itself
             continue
         ratio = directional_ratio(aligned, normals, fits, tree, shift, cell)
         if ratio > best.ratio:
-            best = Repetition(ratio, shift, fit)
+            best = Repetition(ratio, np.append(shift, 0.0), fit)
     return best

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
@@ -303,6 +304,30 @@ def test_a_16_beam_slide_in_the_grey_zone_is_not_trusted(registrar):
     ungated = Registrar(cfg.replace(weak_constraint=0.0))
     ungated._models = registrar._load_models()
     assert ungated.refine(src, tgt, np.eye(4)).success
+
+
+def test_a_tilted_16_beam_slide_is_judged_along_the_ground_and_not_trusted(registrar):
+    """The slide above with both scans tilted (a handheld or pitched VLP-16: source 25 deg, target
+    20 deg about other axes). Ground and structure are told apart against each cloud's levelled
+    up, so the poles still show the slide and the result 4.2 m off is refused. (Judged in the
+    tilted frames, the ground rising across the plan cells counted as structure, and the same slide
+    was trusted: measured with ``level_above_deg`` 90 before levelled frames reached this test.)"""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    seq = simulate_sequence(n_frames=40, seed=1530, sensor="vlp16", family="highway")
+    R_s = Rotation.from_rotvec(np.radians(25.0) * np.array([1.0, 0.3, 0.0]) / np.hypot(1.0, 0.3)).as_matrix()
+    R_t = Rotation.from_rotvec(np.radians(20.0) * np.array([-0.2, 1.0, 0.0]) / np.hypot(0.2, 1.0)).as_matrix()
+    source, target = seq[26].points @ R_s.T.astype(np.float32), seq[14].points @ R_t.T.astype(np.float32)
+    tilt = lambda R: geometry.make_transform(R, np.zeros(3))  # noqa: E731
+    truth = tilt(R_t) @ geometry.invert_transform(seq.poses[14]) @ seq.poses[26] @ tilt(R_s.T)
+    zero_motion = tilt(R_t @ R_s.T)
+    src, tgt = registrar.prepare(source), registrar.prepare(target)
+    assert src.levelled_deg == pytest.approx(25.0, abs=2.0) and tgt.levelled_deg == pytest.approx(20.0, abs=2.0)
+    alias = registrar.refine(src, tgt, zero_motion)
+    assert geometry.transform_errors(alias.transform, truth)[1] > 3.0
+    assert not alias.success
+    assert alias.message.startswith("degenerate: a slide along the weakest direction"), alias.message
+    assert abs(alias.slide.shift - np.linalg.norm(truth[:3, 3])) < 0.7, alias.slide
 
 
 def test_a_right_result_in_the_grey_zone_is_still_trusted(registrar):

@@ -2,11 +2,13 @@
 (RegistrationConfig.level_above_deg), on real RAW KITTI and Newer College Ouster scans."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
+from test_degeneracy import message_round_trip
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
@@ -97,6 +99,9 @@ def test_a_pair_from_tilted_sensors_registers_through_levelled_features(kitti_re
     assert levelled.levelled_deg[1] == pytest.approx(35.0, abs=2.0)
     assert as_given.levelled_deg == (0.0, 0.0)
     assert not as_given.success and levelled.num_inliers >= 5 * max(as_given.num_inliers, 1)
+    if importlib.util.find_spec("rclpy") is not None:  # registration_node's result message says it too
+        msg = message_round_trip(levelled)
+        np.testing.assert_allclose(msg.levelled_deg, levelled.levelled_deg, atol=1e-4)
 
 
 def test_a_handheld_ouster_scans_tilt_is_measured_and_its_features_levelled():

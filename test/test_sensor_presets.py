@@ -92,6 +92,22 @@ def test_tilt_pitches_the_sensor_down():
         simulate_sequence(n_frames=1, seed=3, mount_height=-1.0)
 
 
+def test_a_carried_sensor_sways_about_its_centre_on_the_same_walk():
+    """``sway_deg``: the sensor's lean from level varies over the walk by about the sway (12 deg
+    about a 20 deg tilt), while its positions (the route, the speeds) are those of the walk without
+    sway; out of range is refused."""
+    kwargs = dict(n_frames=150, seed=5, sensor="os1_64", family="town", mount_height=1.6, tilt_deg=20.0,
+                  speed=(1.0, 1.6))
+    steady = simulate_sequence(**kwargs).world_poses
+    swaying = simulate_sequence(**kwargs, sway_deg=12.0).world_poses
+    lean = lambda T: np.degrees(np.arccos(np.clip(T[:, 2, 2], -1.0, 1.0)))  # noqa: E731
+    assert np.ptp(lean(steady)) < 2.0
+    assert 8.0 < np.ptp(lean(swaying)) < 30.0 and abs(np.median(lean(swaying)) - 20.0) < 5.0
+    np.testing.assert_allclose(swaying[:, :3, 3], steady[:, :3, 3], atol=1e-9)
+    with pytest.raises(ValueError, match="sway_deg"):
+        simulate_sequence(n_frames=1, seed=5, sway_deg=90.0)
+
+
 @pytest.mark.parametrize("name", ["vlp16", "hdl32", "os1_64", "livox"])
 def test_each_preset_measures_with_its_own_noise_and_dropout(name):
     model = LidarModel.preset(name)

@@ -89,6 +89,7 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
         msg.fitness = float(r.fitness)
         msg.weight_sum = float(r.weight_sum)
         msg.fallback = r.fallback
+        msg.levelled_deg = [float(v) for v in r.levelled_deg]
         if r.degeneracy is not None:
             msg.weakest_constraint = float(r.degeneracy.eigenvalue)
             msg.weakest_direction = [float(v) for v in r.degeneracy.direction]

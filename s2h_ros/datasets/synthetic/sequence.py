@@ -236,7 +236,7 @@ def simulate_sequence(n_frames: int | None = None, length_m: float | None = None
                       motion_distortion: bool = False, moving_objects: int = 0,
                       out_dir: str | Path | None = None, progress: bool = False,
                       family: str | None = None, mount_height: float | None = None,
-                      tilt_deg: float | None = None) -> SyntheticSequence:
+                      tilt_deg: float | None = None, sway_deg: float = 0.0) -> SyntheticSequence:
     """A drive of ``n_frames`` scans or ``length_m`` metres through the world of ``seed``.
 
     ``family`` picks the scene family (``FAMILIES``: town, suburban, parking_lot, open_field,
@@ -244,6 +244,8 @@ def simulate_sequence(n_frames: int | None = None, length_m: float | None = None
     "indoor") gives the town or the rooms.
     ``mount_height`` (m above the ground) and ``tilt_deg`` (downward pitch) override the sensor
     model's mount; by default the sensor sits at the world's vehicle height, level.
+    ``sway_deg`` sways the carried sensor slowly in roll and pitch by up to that many degrees (half
+    in yaw; ``Trajectory.generate``): with a low mount, a tilt and a walking speed, a handheld lidar.
 
     ``speed``: a cruise speed or a (low, high) range in m/s (default: outdoor 5-15, indoor
     0.4-1.5; turns and stops slow the vehicle down to 0). Scans come at the sensor's rate.
@@ -260,12 +262,13 @@ def simulate_sequence(n_frames: int | None = None, length_m: float | None = None
     speed_range = (float(speed), float(speed)) if np.isscalar(speed) else speed
     hi = (speed_range or world.speed_range)[1]
     if length_m is not None:
-        traj = Trajectory.generate(world, float(length_m) + world.pitch, seed, speed_range=speed_range)
+        traj = Trajectory.generate(world, float(length_m) + world.pitch, seed, speed_range=speed_range,
+                                   sway_deg=sway_deg)
         end = float(traj.time_at_arc(float(length_m)))
         stamps = np.arange(0.0, end + 1e-9, 1.0 / model.rate_hz)
     else:
         traj = Trajectory.generate(world, n_frames / model.rate_hz * hi * 1.1 + world.pitch, seed,
-                                   speed_range=speed_range)
+                                   speed_range=speed_range, sway_deg=sway_deg)
         stamps = np.arange(int(n_frames)) / model.rate_hz
     seq = SyntheticSequence(world, traj, model, stamps, seed, noise=noise, motion_distortion=motion_distortion,
                             moving_objects=moving_objects)

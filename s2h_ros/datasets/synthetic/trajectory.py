@@ -5,7 +5,9 @@ a closed hall), drawn in the right-hand lane with circular arcs at the turns, or
 families (tunnel, highway), a drive either way along the road axis in one lane. A speed profile assigns each stretch a cruise
 speed, slows for turns (lateral acceleration limit), stops at some intersections, and respects
 acceleration limits (forward/backward pass). Poses follow the terrain: the vehicle's up axis is
-the ground normal (pitch and roll from the slopes) plus a small suspension wobble.
+the ground normal (pitch and roll from the slopes) plus a small suspension wobble. A carried
+sensor (``sway_deg``) also sways slowly in roll, pitch and yaw about the carrier's frame, as a
+handheld or backpack lidar does while its carrier walks.
 """
 from __future__ import annotations
 
@@ -97,11 +99,13 @@ class Trajectory:
     """Exact sensor poses of one drive through a world, at any time in [0, duration]."""
 
     def __init__(self, world: SyntheticWorld, xy: np.ndarray, heading: np.ndarray, s: np.ndarray,
-                 t_knots: np.ndarray, s_knots: np.ndarray, wobble: np.ndarray) -> None:
+                 t_knots: np.ndarray, s_knots: np.ndarray, wobble: np.ndarray,
+                 sway: np.ndarray | None = None) -> None:
         self.world = world
         self.xy, self.heading, self.s = xy, heading, s  # route samples
         self.t_knots, self.s_knots = t_knots, s_knots  # monotone time -> arc length map
         self._wobble = wobble  # (2, 3, 3): roll/pitch x (amplitude, angular frequency, phase)
+        self._sway = sway  # (3, 2, 3): roll/pitch/yaw x (amplitude, angular frequency, phase), or None
 
     @property
     def duration(self) -> float:
@@ -113,11 +117,15 @@ class Trajectory:
 
     @classmethod
     def generate(cls, world: SyntheticWorld, length_m: float, seed: int, index: int = 0,
-                 speed_range: tuple[float, float] | None = None) -> Trajectory:
+                 speed_range: tuple[float, float] | None = None, sway_deg: float = 0.0) -> Trajectory:
         """A random drive of at least ``length_m`` metres; deterministic for (world, seed, index).
 
         ``speed_range`` (m/s) overrides the world's cruise speeds (outdoor 5-15, indoor 0.4-1.5).
+        ``sway_deg`` > 0 sways the sensor by up to that many degrees in roll and pitch (half of it in
+        yaw), each the sum of two slow sines (periods 2.5-12 s); drives without it are unchanged.
         """
+        if not (np.isfinite(sway_deg) and 0.0 <= sway_deg <= 60.0):
+            raise ValueError(f"sway_deg must be within 0-60 degrees, got {sway_deg}")
         rng = seeded_rng(seed, 2, index)
         if world.route == "line":
             xy = _axis_route(world, rng, length_m + world.pitch)
@@ -140,7 +148,18 @@ class Trajectory:
         t_knots, s_knots = cls._time_of_arc(s, v, stops, rng)
         wobble = np.stack([rng.uniform([0.1, 2.0, 0.0], [0.35, 6.0, 2 * np.pi], (3, 3)) for _ in range(2)])
         wobble[:, :, 0] = np.radians(wobble[:, :, 0])
-        return cls(world, xy, heading, s, t_knots, s_knots, wobble)
+        return cls(world, xy, heading, s, t_knots, s_knots, wobble, cls._sway_terms(sway_deg, seed, index))
+
+    @staticmethod
+    def _sway_terms(sway_deg: float, seed: int, index: int) -> np.ndarray | None:
+        """(3, 2, 3) roll/pitch/yaw x two sines x (amplitude rad, angular frequency rad/s, phase),
+        from their own random stream (so the route and speeds do not change with the sway)."""
+        if sway_deg <= 0.0:
+            return None
+        rng = seeded_rng(seed, 7, index)
+        terms = rng.uniform([0.3, 0.5, 0.0], [0.5, 2.5, 2 * np.pi], (3, 2, 3))
+        terms[:, :, 0] *= np.radians(sway_deg) * np.array([1.0, 1.0, 0.5])[:, None]
+        return terms
 
     @staticmethod
     def _speed_profile(world, rng, s, on_arc, node_idx, speed_range) -> tuple[np.ndarray, list[int]]:
@@ -210,8 +229,11 @@ class Trajectory:
         pitch = (self._wobble[1, :, 0] * np.sin(self._wobble[1, :, 1] * t[:, None] + self._wobble[1, :, 2])).sum(1)
         R = R @ _rot_x(roll) @ rot_y(pitch)
         T = np.tile(np.eye(4), (len(t), 1, 1))
-        T[:, :3, :3] = R
         T[:, :3, 3] = ground + R[:, :, 2] * (self.world.sensor_height if height is None else height)
+        if self._sway is not None:  # the carried sensor turns about its own centre
+            sway = (self._sway[:, :, 0] * np.sin(self._sway[:, :, 1] * t[:, None, None] + self._sway[:, :, 2])).sum(2)
+            R = R @ _rot_z(sway[:, 2]) @ _rot_x(sway[:, 0]) @ rot_y(sway[:, 1])
+        T[:, :3, :3] = R
         return T
 
 
@@ -229,6 +251,13 @@ def _rot_x(a: np.ndarray) -> np.ndarray:
     c, s = np.cos(a), np.sin(a)
     R = np.zeros((len(a), 3, 3))
     R[:, 0, 0], R[:, 1, 1], R[:, 1, 2], R[:, 2, 1], R[:, 2, 2] = 1, c, -s, s, c
+    return R
+
+
+def _rot_z(a: np.ndarray) -> np.ndarray:
+    c, s = np.cos(a), np.sin(a)
+    R = np.zeros((len(a), 3, 3))
+    R[:, 2, 2], R[:, 0, 0], R[:, 0, 1], R[:, 1, 0], R[:, 1, 1] = 1, c, -s, s, c
     return R
 
 
