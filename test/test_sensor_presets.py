@@ -108,6 +108,27 @@ def test_a_carried_sensor_sways_about_its_centre_on_the_same_walk():
         simulate_sequence(n_frames=1, seed=5, sway_deg=90.0)
 
 
+def test_the_simulate_command_walks_a_handheld_sensor(tmp_path):
+    """``s2h simulate --carrier handheld``: a walk (1.0-1.6 m/s) whose scans lean about 20 deg, as
+    the ground in them says (``s2h_ros.gravity``), and sway; a value given on the command line wins
+    over the carrier's (``--tilt-deg 0``: about level)."""
+    from s2h_ros.cli import main
+    from s2h_ros.datasets.kitti import KittiSequence
+    from s2h_ros.gravity import ground_up
+
+    for tilt, out in ((None, tmp_path / "hand"), (0.0, tmp_path / "level")):
+        args = ["simulate", "--out", str(out), "--frames", "30", "--seed", "5", "--sensor", "vlp16",
+                "--family", "parking_lot", "--carrier", "handheld"]
+        assert main(args + ([] if tilt is None else ["--tilt-deg", str(tilt)])) == 0
+    hand, level = KittiSequence(tmp_path / "hand"), KittiSequence(tmp_path / "level")
+    speed = np.linalg.norm(hand.poses[-1][:3, 3] - hand.poses[0][:3, 3]) / 2.9
+    assert 0.8 < speed < 1.7, speed
+    turns = [np.degrees(np.arccos(np.clip((np.trace(T[:3, :3]) - 1) / 2, -1, 1))) for T in hand.poses]
+    assert max(turns) > 2.0  # the sway (and the walk's own turns) over 3 s
+    assert 8.0 < ground_up(hand[0].points).tilt_deg < 32.0
+    assert ground_up(level[0].points).tilt_deg < 14.0  # the sway alone: at most 12 deg
+
+
 @pytest.mark.parametrize("name", ["vlp16", "hdl32", "os1_64", "livox"])
 def test_each_preset_measures_with_its_own_noise_and_dropout(name):
     model = LidarModel.preset(name)

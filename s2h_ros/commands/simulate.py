@@ -27,9 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mount-height", type=float, metavar="M",
                         help="sensor height above the ground (default: the family's vehicle, 1.73 m outdoors)")
     parser.add_argument("--tilt-deg", type=float, metavar="DEG", help="downward pitch of the sensor (default 0)")
-    parser.add_argument("--sway-deg", type=float, default=0.0, metavar="DEG",
-                        help="slow roll / pitch sway of the carried sensor up to DEG (half in yaw); with "
-                             "--mount-height 1.6 --tilt-deg 20 --speed 1 1.6 a handheld lidar (default 0)")
+    parser.add_argument("--sway-deg", type=float, metavar="DEG",
+                        help="slow roll / pitch sway of the carried sensor up to DEG (half in yaw; default 0)")
+    parser.add_argument("--carrier", choices=("vehicle", "handheld"), default="vehicle",
+                        help="how the sensor is carried: handheld sets --mount-height 1.6 --tilt-deg 20 --sway-deg 12 "
+                             "--speed 1.0 1.6 where those are not given (default vehicle)")
     parser.add_argument("--kind", choices=("outdoor", "indoor"),
                         help="outdoor (default: the town) or indoor (default: the rooms)")
     parser.add_argument("--family", choices=FAMILY_NAMES,
@@ -77,16 +79,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.out is None or (args.frames is None and args.length_m is None):
         raise SystemExit("s2h simulate: give --out DIR and one of --frames N / --length-m L (or --compare-kitti)")
-    from s2h_ros.datasets.synthetic import simulate_sequence
+    from s2h_ros.datasets.synthetic import CARRIERS, simulate_sequence
 
     speed = None
     if args.speed:
         if len(args.speed) > 2:
             raise SystemExit("--speed takes one value or a low high pair")
         speed = args.speed[0] if len(args.speed) == 1 else (args.speed[0], args.speed[1])
+    given = {"mount_height": args.mount_height, "tilt_deg": args.tilt_deg, "sway_deg": args.sway_deg, "speed": speed}
+    carried = {**CARRIERS[args.carrier], **{k: v for k, v in given.items() if v is not None}}
     seq = simulate_sequence(n_frames=args.frames, length_m=args.length_m, seed=args.seed, sensor=args.sensor,
-                            kind=args.kind, family=args.family, mount_height=args.mount_height,
-                            tilt_deg=args.tilt_deg, sway_deg=args.sway_deg, speed=speed, noise=not args.no_noise,
+                            kind=args.kind, family=args.family, **carried, noise=not args.no_noise,
                             motion_distortion=args.motion_distortion, moving_objects=args.moving_objects)
     summary = {"out": str(args.out), **seq.write_kitti(args.out, progress=True)}
     if args.bag:

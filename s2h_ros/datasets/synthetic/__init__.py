@@ -12,6 +12,7 @@ from s2h_ros.datasets.synthetic.families import FAMILIES
 from s2h_ros.datasets.synthetic.scene import SyntheticWorld
 from s2h_ros.datasets.synthetic.sensor import LIDAR_PRESETS, LidarModel
 from s2h_ros.datasets.synthetic.sequence import (
+    CARRIERS,
     SyntheticScan,
     KITTI_CALIB,
     SyntheticSequence,
@@ -22,6 +23,7 @@ from s2h_ros.datasets.synthetic.sequence import (
 from s2h_ros.datasets.synthetic.trajectory import Trajectory
 
 __all__ = [
+    "CARRIERS",
     "FAMILIES",
     "KITTI_CALIB",
     "LIDAR_PRESETS",

@@ -220,6 +220,15 @@ def _movers(world: SyntheticWorld, seed: int, n: int) -> list[_Mover]:
     return out
 
 
+# How the sensor is carried (``simulate_sequence`` keywords): "vehicle" is every drive's default;
+# "handheld" a walk with the sensor held 1.6 m up, leaning 20 deg forward and swaying 12 deg (about
+# the 17-27 deg lean of the real Newer College handheld OS1-64 scans).
+CARRIERS: dict[str, dict] = {
+    "vehicle": {},
+    "handheld": {"mount_height": 1.6, "tilt_deg": 20.0, "sway_deg": 12.0, "speed": (1.0, 1.6)},
+}
+
+
 def mounted(sensor: str | LidarModel, mount_height: float | None = None,
             tilt_deg: float | None = None) -> LidarModel:
     """The sensor model (a preset name or a model) with its mount height and tilt overridden where given."""
