@@ -141,10 +141,12 @@ def test_each_preset_measures_with_its_own_noise_and_dropout(name):
     assert np.std(r[ok]) == pytest.approx(model.range_noise_std, rel=0.05)
 
 
-def test_simulate_command_lists_every_preset():
-    from s2h_ros.commands.simulate import SENSOR_NAMES
+def test_simulate_command_lists_every_preset_and_carrier():
+    from s2h_ros.commands.simulate import CARRIER_NAMES, SENSOR_NAMES
+    from s2h_ros.datasets.synthetic import CARRIERS
 
     assert SENSOR_NAMES == LIDAR_PRESETS
+    assert CARRIER_NAMES == tuple(CARRIERS)
 
 
 def test_raw_comparison_sets_real_scans_beside_the_matching_presets(tmp_path):

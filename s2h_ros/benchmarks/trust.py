@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from s2h_ros.benchmarks.robustness import FIRST_OF_TRACK, MAX_RE_DEG, MAX_TE_M, step_error
+from s2h_ros.commands.simulate import CARRIER_NAMES
 
 
 PRESETS = ("vlp16", "vlp32", "hdl64", "os128", "depth_camera")
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "registration_node's --params-file (its registration.* and odometry.* keys); default: "
                              "config/depth_camera.yaml for the depth camera, the defaults for lidars")
     parser.add_argument("--markdown", help="also write the table here")
-    parser.add_argument("--carrier", choices=("vehicle", "handheld"), default="vehicle",
+    parser.add_argument("--carrier", choices=CARRIER_NAMES, default="vehicle",
                         help="how the sensor is carried (s2h_ros.datasets.synthetic.CARRIERS): on a vehicle (default) "
                              "or handheld (1.6 m up, leaning 20 deg, swaying 12 deg, walking 1.0-1.6 m/s)")
 

@@ -10,11 +10,12 @@ import numpy as np
 
 from s2h_ros.outputs import json_text, write_json, write_text
 
-# Kept in step with FAMILIES and LIDAR_PRESETS of s2h_ros.datasets.synthetic (checked by the tests),
+# Kept in step with FAMILIES, LIDAR_PRESETS and CARRIERS of s2h_ros.datasets.synthetic (checked by the tests),
 # so that building the parser does not import Open3D.
 FAMILY_NAMES = ("town", "suburban", "parking_lot", "open_field", "highway", "tunnel", "rooms", "office", "warehouse")
 SENSOR_NAMES = ("hdl64", "vlp32", "vlp16", "os128", "depth_camera", "hdl32", "vlp32c", "os1_32", "os1_64",
                 "os1_64_gen1", "os1_128", "os0_128", "livox")
+CARRIER_NAMES = ("vehicle", "handheld")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tilt-deg", type=float, metavar="DEG", help="downward pitch of the sensor (default 0)")
     parser.add_argument("--sway-deg", type=float, metavar="DEG",
                         help="slow roll / pitch sway of the carried sensor up to DEG (half in yaw; default 0)")
-    parser.add_argument("--carrier", choices=("vehicle", "handheld"), default="vehicle",
+    parser.add_argument("--carrier", choices=CARRIER_NAMES, default="vehicle",
                         help="how the sensor is carried: handheld sets --mount-height 1.6 --tilt-deg 20 --sway-deg 12 "
                              "--speed 1.0 1.6 where those are not given (default vehicle)")
     parser.add_argument("--kind", choices=("outdoor", "indoor"),
