@@ -181,6 +181,7 @@ class Refinement:
     moved_m: float  # how far the refinement moved the pose (translation, metres)
     moved_deg: float  # and by how much it turned it
     ms: float
+    refined: np.ndarray | None = None  # (4, 4) where the refinement went, used or not; None when it did not run
 
     @classmethod
     def bounded(cls, given: np.ndarray, refined: np.ndarray, max_move_m: float, max_turn_deg: float,
@@ -192,7 +193,7 @@ class Refinement:
         if move >= max_move_m or turn >= max_turn_deg:
             message = (f"{what} {move:.2f} m / {turn:.1f} deg (more than {max_move_m:.2f} m / "
                        f"{max_turn_deg:.1f} deg): not used")
-        return cls(given if message else refined, not message, message, float(move), float(turn), ms)
+        return cls(given if message else refined, not message, message, float(move), float(turn), ms, refined)
 
     def to_dict(self) -> dict:
         return {"used": self.used, "message": self.message, "moved_m": self.moved_m, "moved_deg": self.moved_deg,

@@ -192,18 +192,29 @@ def finite_rows(xyz: np.ndarray) -> np.ndarray:
 def read_xyz(msg: Any, skip_nans: bool = True) -> tuple[np.ndarray, int]:
     """``(N, 3)`` coordinates (float32; float64 for FLOAT64 fields) and the number of non-finite
     points dropped."""
+    xyz, _, dropped = read_xyz_field(msg, None, skip_nans)
+    return xyz, dropped
+
+
+def read_xyz_field(msg: Any, field: str | None, skip_nans: bool = True) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """As :func:`read_xyz`, and the ``(N,)`` native-endian values of one more ``field`` (e.g. a
+    per-point time) for the same points (None for ``field`` None)."""
     points = point_array(msg).reshape(-1)
     _check_xyz(points.dtype)
+    if field is not None and field not in points.dtype.names:
+        raise PointCloud2Error(f"PointCloud2 has no field {field!r} (fields: {list(points.dtype.names)})")
     xyz = _xyz_columns(points)
-    if not skip_nans:
-        return xyz, 0
-    mask = finite_rows(xyz)
-    kept = int(np.count_nonzero(mask))
-    if kept == mask.size:
-        return xyz, 0
-    # Select whole rows as one void item (several times faster than boolean indexing an (N, 3) array).
-    rows = xyz.view(np.dtype((np.void, 3 * xyz.itemsize))).reshape(-1)
-    return rows[mask].view(xyz.dtype).reshape(-1, 3), int(mask.size - kept)
+    values = None if field is None else points[field]
+    mask = finite_rows(xyz) if skip_nans else None
+    kept = xyz.shape[0] if mask is None else int(np.count_nonzero(mask))
+    if kept < xyz.shape[0]:
+        # Select whole rows as one void item (several times faster than boolean indexing an (N, 3) array).
+        rows = xyz.view(np.dtype((np.void, 3 * xyz.itemsize))).reshape(-1)
+        xyz = rows[mask].view(xyz.dtype).reshape(-1, 3)
+        values = None if values is None else values[mask]
+    if values is not None:
+        values = values.astype(values.dtype.newbyteorder("="), copy=True)
+    return xyz, values, int(len(mask) - kept) if mask is not None else 0
 
 
 def _datatype_of(name: str, array: np.ndarray) -> int:

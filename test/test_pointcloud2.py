@@ -13,7 +13,8 @@ import pytest
 
 from s2h_ros import paths
 from s2h_ros.pointcloud2 import (
-    FLOAT32, FLOAT64, INT8, UINT16, UINT8, PointCloud2Error, create_cloud_fields, read_points, read_xyz,
+    FLOAT32, FLOAT64, INT8, UINT16, UINT32, UINT8, PointCloud2Error, create_cloud_fields, read_points, read_xyz,
+    read_xyz_field,
 )
 
 STRUCT_CHAR = {1: "b", 2: "B", 3: "h", 4: "H", 5: "i", 6: "I", 7: "f", 8: "d"}
@@ -253,6 +254,23 @@ def test_create_cloud_fields_packs_a_velodyne_layout(rng):
     for name, values in extra.items():
         np.testing.assert_array_equal(decoded[name], values)
     np.testing.assert_array_equal(read_xyz(cloud)[0], xyz)
+
+
+@pytest.mark.parametrize("bigendian", [False, True])
+def test_an_ouster_time_field_is_read_for_the_same_points_as_the_coordinates(bigendian):
+    """An Ouster layout (x, y, z, padding, intensity, t UINT32 ns, ...): the times of the points kept
+    after NaN ones are dropped, native-endian; a field the cloud lacks is named."""
+    layout = [PointFieldLike("x", 0, FLOAT32), PointFieldLike("y", 4, FLOAT32), PointFieldLike("z", 8, FLOAT32),
+              PointFieldLike("intensity", 16, FLOAT32), PointFieldLike("t", 20, UINT32)]
+    records = [{"x": float(i), "y": 0.0, "z": float("nan") if i in (1, 4) else 1.0, "intensity": 0.5,
+                "t": 10_000_000 * i} for i in range(6)]
+    cloud = pack_cloud(records, layout, point_step=32, bigendian=bigendian)
+    xyz, t, dropped = read_xyz_field(cloud, "t")
+    assert dropped == 2 and xyz[:, 0].tolist() == [0.0, 2.0, 3.0, 5.0]
+    assert t.tolist() == [0, 20_000_000, 30_000_000, 50_000_000] and t.dtype == np.dtype("=u4")
+    assert read_xyz_field(cloud, None)[1] is None
+    with pytest.raises(PointCloud2Error, match="no field 'time'"):
+        read_xyz_field(cloud, "time")
 
 
 @pytest.mark.parametrize("xyz, extra, shape, problem", [

@@ -202,11 +202,13 @@ def test_replayed_curved_drive_tracks_ground_truth_and_survives_bad_clouds(curve
 
 
 def _send(replayer: SequenceReplayer, listener: Listener, i: int, stamp: float, frame_id: str = "velodyne",
-          timeout: float = 120.0) -> RegistrationResultMsg:
-    """Scan ``i`` of the replayer's sequence with a stamp and frame of the test's choosing, and the
-    node's answer to it (one scan in flight at a time, so the next result is this one's)."""
+          timeout: float = 120.0, extra: dict | None = None) -> RegistrationResultMsg:
+    """Scan ``i`` of the replayer's sequence with a stamp and frame (and ``extra`` fields) of the
+    test's choosing, and the node's answer to it (one scan in flight at a time, so the next result
+    is this one's)."""
     n = len(listener.results)
-    replayer.pub_cloud.publish(to_msg(replayer.sequence[i].points, frame_id=frame_id, stamp=messages.stamp_msg(stamp)))
+    replayer.pub_cloud.publish(to_msg(replayer.sequence[i].points, frame_id=frame_id, stamp=messages.stamp_msg(stamp),
+                                      extra=extra))
     assert replayer.wait_for(lambda: len(listener.results) > n, timeout), f"no answer to scan {i} at {stamp} s"
     return listener.results[n]
 
@@ -214,7 +216,7 @@ def _send(replayer: SequenceReplayer, listener: Listener, i: int, stamp: float, 
 # The module's node sees one timeline: the drive test ends at 1002 s, and each later test starts
 # its own track further back in time (EPOCHS), so that its first scan is a time reset, a clean
 # start whatever came before (or "initialised" when the test runs alone).
-EPOCHS = {"stamps": 900.0, "odom_frame": 800.0, "time_reset": 700.0}
+EPOCHS = {"stamps": 900.0, "odom_frame": 800.0, "time_reset": 700.0, "deskew": 500.0}
 
 
 def _restart(replayer: SequenceReplayer, listener: Listener, epoch: float) -> RegistrationResultMsg:
@@ -324,6 +326,34 @@ def test_time_going_back_restarts_tracking_as_a_time_reset(curved_drive, node_pr
 
     assert replayer.wait_for(reset_reported, 10.0), [s.message for d in listener.diagnostics[-5:] for s in d.status]
     assert _wait_for_file_text(log_path, rf"\[ERROR\].*scan {reset.scan_id}: time_reset", 10.0), log_path.read_text()
+
+
+def test_per_point_times_deskew_a_scan_once_motion_is_known_and_bad_ones_are_not_used(curved_drive, node_process,
+                                                                                       probe):
+    """Scans with an Ouster time field (``t``, UINT32 ns since the stamp; here within 1 ms, so the
+    motion barely moves them): the first two are registered as given (no trusted motion yet), the
+    next deskewed; a Velodyne ``time`` field 5 s wide is not one sweep's: registered as given,
+    still trusted, and the log says once why."""
+    _, log_path = node_process
+    replayer, listener = probe
+    t = [float(s.stamp) for s in curved_drive]
+    e = EPOCHS["deskew"]
+
+    def ouster(k: int) -> dict:
+        n = len(curved_drive[k].points)
+        return {"t": np.linspace(0, 1_000_000, n).astype(np.uint32)}
+
+    first = _send(replayer, listener, 0, e, extra=ouster(0))
+    assert first.success and first.event in ("time_reset", "initialised"), (first.event, first.message)
+    results = [first] + [_send(replayer, listener, k, e + t[k], extra=ouster(k)) for k in (1, 2, 3)]
+    assert all(r.success for r in results), [r.message for r in results]
+    assert [r.deskewed for r in results] == [False, False, True, True]
+    assert _wait_for_file_text(log_path, r"per-point times in field 't': scans are deskewed", 10.0)
+    n = len(curved_drive[4].points)
+    bad = _send(replayer, listener, 4, e + t[4], extra={"time": np.linspace(0.0, 5.0, n).astype(np.float32)})
+    assert bad.success and not bad.deskewed, bad.message
+    assert _wait_for_file_text(log_path, r"per-point times in field 'time': not used \(per-point times span", 10.0), \
+        log_path.read_text()
 
 
 @pytest.mark.parametrize("override, parameter, why", [

@@ -1,6 +1,7 @@
 """rosbag2 PointCloud2 + TF ground truth, mcap and sqlite3 (s2h_ros.datasets.rosbag)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,19 @@ def test_written_bag_reads_back_scans_stamps_and_tf_poses(tmp_path, scans, stora
         assert read.frame_id == "velodyne"
         np.testing.assert_allclose(read.pose, written.pose, atol=1e-12)
     assert back[2].points.shape[0] == 490  # ten NaN returns dropped
+
+
+def test_per_point_times_go_into_the_bag_and_come_back_relative_to_each_stamp(tmp_path, scans):
+    """A scan's times are written as the Velodyne driver's ``time`` field and read back as seconds
+    relative to its stamp, for the points kept; a scan without them reads back without."""
+    rng = np.random.default_rng(3)
+    timed = [dataclasses.replace(s, times=rng.uniform(-0.05, 0.05, len(s.points))) for s in scans[1:]]
+    bag = write_pointcloud_bag(tmp_path / "bag", [scans[0], *timed], tf=False)
+    back = list(read_pointcloud_bag(bag, "/points"))
+    assert back[0].times is None
+    for written, read in zip(timed, back[1:]):
+        finite = np.isfinite(written.points).all(axis=1)
+        np.testing.assert_allclose(read.times, written.times[finite].astype(np.float32), atol=1e-7)
 
 
 def test_single_mcap_file_is_readable_without_its_directory(tmp_path, scans):

@@ -177,6 +177,16 @@ def test_long_drive_is_generated_lazily_with_bounded_speed_and_tilt():
     assert len(seq.world._tiles) <= 40
 
 
+def test_a_distorted_sweeps_point_times_are_written_beside_it_and_read_back(tmp_path):
+    distorted = simulate_sequence(n_frames=2, seed=5, sensor="vlp16", motion_distortion=True,
+                                  out_dir=tmp_path / "distorted")
+    read = KittiSequence(tmp_path / "distorted")[1]
+    np.testing.assert_array_equal(read.times, distorted[1].times.astype(np.float32))
+    assert np.ptp(read.times) > 0.09  # a 10 Hz sweep
+    simulate_sequence(n_frames=2, seed=5, sensor="vlp16", out_dir=tmp_path / "still")
+    assert KittiSequence(tmp_path / "still")[1].times is None and not (tmp_path / "still" / "point_times").exists()
+
+
 def test_motion_distortion_follows_the_per_firing_poses():
     seq = simulate_sequence(n_frames=6, seed=8, speed=15.0, noise=False, motion_distortion=True,
                             sensor=_short_range("hdl64"))
@@ -187,6 +197,8 @@ def test_motion_distortion_follows_the_per_firing_poses():
     T = seq.trajectory.poses(scan.stamp + seq.sensor.column_times())[col]
     world = np.einsum("nij,nj->ni", T[:, :3, :3], scan.points.astype(np.float64)) + T[:, :3, 3]
     assert np.percentile(_surface_distance(seq.world, world), 99) < 5e-3
+    # Each point's time is its column's firing time (the odometry deskews with it).
+    assert np.mean(np.isclose(scan.times, seq.sensor.column_times()[col])) > 0.99
     # Reading the scan through its single pose instead shows the skew: up to speed x 50 ms at the back.
     speed = np.linalg.norm(seq.poses[5][:3, 3] - seq.poses[4][:3, 3]) * seq.sensor.rate_hz
     assert speed > 3.0

@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "config/depth_camera.yaml)")
     parser.add_argument("--seed", type=int, default=163, help="simulated world seed (0-999 are never trained on)")
     parser.add_argument("--frames", type=int, default=300, help="simulated scans (no --sequence)")
+    parser.add_argument("--motion-distortion", action="store_true",
+                        help="simulate the drive with each column drawn where the sensor was when it fired, and the "
+                             "per-point times the odometry deskews with (no --sequence; a sequence's point_times/ are "
+                             "always used)")
     parser.add_argument("--start", type=int, default=0, help="first frame of the sequence")
     parser.add_argument("--count", type=int, default=-1, help="frames streamed (-1: all from --start)")
     parser.add_argument("--rate", type=float, default=10.0, help="scans per second; 0: lock-step, every scan")
@@ -90,11 +94,13 @@ def _sequence(args: argparse.Namespace):
         from s2h_ros.benchmarks.trust import INDOOR_SENSORS
         from s2h_ros.datasets.synthetic import simulate_sequence
 
-        seq_dir = args.cache / f"seq_{args.sensor}_{args.seed}_{args.frames}"
+        distorted = "_distorted" if args.motion_distortion else ""
+        seq_dir = args.cache / f"seq_{args.sensor}_{args.seed}_{args.frames}{distorted}"
         if not (seq_dir / "poses.txt").exists():  # as s2h bench trust drives: rooms at 1 m/s for a depth camera
             indoor = args.sensor in INDOOR_SENSORS
             simulate_sequence(n_frames=args.frames, seed=args.seed, sensor=args.sensor, out_dir=seq_dir, progress=True,
-                              kind="indoor" if indoor else "outdoor", speed=1.0 if indoor else None)
+                              kind="indoor" if indoor else "outdoor", speed=1.0 if indoor else None,
+                              motion_distortion=args.motion_distortion)
     return KittiSequence(seq_dir)
 
 
@@ -102,7 +108,8 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _stream(odo, scans: list[np.ndarray], rate: float, device: str, first: int, ahead: bool) -> tuple[list[dict], int]:
+def _stream(odo, scans: list[np.ndarray], times: list[np.ndarray | None], rate: float, device: str, first: int,
+            ahead: bool) -> tuple[list[dict], int]:
     """The node's way (``s2h_ros.handover``): scans offered at their time (lock-step: as soon as the
     one before is taken), prepared on one thread (``ahead``: while the one before is registered),
     registered on another. Records and the number of scans dropped."""
@@ -114,7 +121,7 @@ def _stream(odo, scans: list[np.ndarray], rate: float, device: str, first: int, 
 
     def prepare(offer: tuple[int, float]):
         index, offered = offer
-        return index, offered, odo.prepare(scans[index])
+        return index, offered, odo.prepare(scans[index], times[index], _stamp(index, period))
 
     def process(item) -> None:
         if isinstance(item, Failed):
@@ -160,7 +167,8 @@ def _step_record(step, index: int, arrival: float, started: float, finished: flo
     stages = dict(step.timings)
     stages["rest"] = stages.get("rest", 0.0) + max(0.0, step_ms + ahead_ms - sum(stages.values()))
     return {"index": index, "arrival_s": arrival, "latency_ms": 1e3 * (finished - arrival), "step_ms": step_ms,
-            "trusted": bool(step.success), "event": step.event, "new_keyframe": bool(step.new_keyframe),
+            "trusted": bool(step.success), "deskewed": bool(step.deskewed), "event": step.event,
+            "new_keyframe": bool(step.new_keyframe),
             "search": step.result.search if step.result is not None else None, "segment": step.segment,
             "pose": None if step.pose is None else np.asarray(step.pose).tolist(), "stages": stages}
 
@@ -224,19 +232,22 @@ def run(args: argparse.Namespace) -> dict:
     count = (len(sequence) - first) if args.count < 0 else min(args.count, len(sequence) - first)
     if count < 3:
         raise SystemExit(f"{count} frames to stream: need 3 or more")
-    scans = [np.ascontiguousarray(sequence[i].points[:, :3], dtype=np.float32) for i in range(first, first + count)]
+    read = [sequence[i] for i in range(first, first + count)]
+    scans = [np.ascontiguousarray(scan.points[:, :3], dtype=np.float32) for scan in read]
+    times = [scan.times for scan in read]  # per-point times of a motion-distorted sweep, else None
+    del read
     registrar = Registrar(registration)
 
     warm = KeyframeOdometry(registration, odometry, registrar=registrar)  # model load, CUDA context, kernels
     for i in range(2):
-        warm.step(scans[i], i * 0.1)
+        warm.step(scans[i], i * 0.1, times=times[i])
     synchronize(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
 
     odo = KeyframeOdometry(registration, odometry, registrar=registrar)
     t0 = time.perf_counter()
-    records, dropped = _stream(odo, scans, args.rate, args.device, first, ahead=not args.no_prepare_ahead)
+    records, dropped = _stream(odo, scans, times, args.rate, args.device, first, ahead=not args.no_prepare_ahead)
     duration = time.perf_counter() - t0
 
     latencies = [r["latency_ms"] for r in records]
@@ -253,7 +264,7 @@ def run(args: argparse.Namespace) -> dict:
         "latency_ms": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95), "max": max(latencies)},
         "step_ms": {"p50": _percentile(steps, 50), "p95": _percentile(steps, 95), "max": max(steps)},
         "stage_ms_mean": _stage_means(records),
-        "trusted": trusted, "events": events,
+        "trusted": trusted, "deskewed": sum(r["deskewed"] for r in records), "events": events,
         "searches": dict(Counter(r["search"] for r in records if r["search"])),
         "metrics_trusted": _metrics(sequence, records, first),
         "wrong_trusted": _wrong_trusted(sequence, records),

@@ -171,13 +171,16 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
 
 
 def _describe(step) -> dict:
-    """What a step's registration said: message, fitness, inliers, weakest constraint."""
+    """What a step's registration said: message, fitness, inliers, weakest constraint; how far the local
+    map's refinement moved its pose."""
     r = step.result
     out = {"message": step.message or (r.message if r is not None else ""), "event": step.event}
     if r is not None:
         out.update(fitness=r.fitness, fitness_fine=r.fitness_fine, inliers=r.num_inliers, search=r.search,
                    weakest_constraint=None if r.degeneracy is None else r.degeneracy.eigenvalue,
                    weakest=None if r.degeneracy is None else r.degeneracy.describe())
+    if step.refinement is not None:
+        out["map_refinement"] = step.refinement.to_dict()
     return out
 
 

@@ -5,7 +5,9 @@ Layouts read by :class:`KittiSequence`:
 * the KITTI tree: ``<root>/sequences/NN/velodyne/NNNNNN.bin``, ``<root>/sequences/NN/calib.txt``,
   ``<root>/sequences/NN/times.txt`` and ``<root>/poses/NN.txt`` (``KittiSequence(root, NN)``);
 * one sequence folder: ``<dir>/velodyne/``, ``<dir>/poses.txt``, ``<dir>/calib.txt``,
-  ``<dir>/times.txt`` (``KittiSequence(dir)``; what the synthetic generator writes).
+  ``<dir>/times.txt`` (``KittiSequence(dir)``; what the synthetic generator writes), and, for a
+  motion-distorted simulation, ``<dir>/point_times/NNNNNN.bin`` (each point's seconds relative to
+  the scan's stamp, ``Scan.times``).
 
 KITTI poses ``P_i`` are camera-0 poses in the first camera frame; ``Tr`` (calib.txt) maps
 Velodyne into camera-0 coordinates, so the Velodyne pose is ``Tr^-1 . P_i . Tr`` and the
@@ -123,6 +125,10 @@ def _homogeneous(rows: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------------- the sequence
 
+# Folder beside velodyne/ with each scan's per-point times ((N,) float32 seconds relative to its
+# stamp, same file names): not KITTI's, written by the simulator for motion-distorted sweeps.
+POINT_TIMES = "point_times"
+
 
 class KittiSequence:
     """Lazily loaded KITTI odometry sequence (implements ``datasets.types.Sequence``).
@@ -186,7 +192,19 @@ class KittiSequence:
             intensity=fields.intensity,
             frame_id="velodyne",
             index=frame,
+            times=self._point_times(self.files[i], len(fields.points)),
         )
+
+    def _point_times(self, scan_file: Path, n: int) -> np.ndarray | None:
+        """``(n,)`` float64 seconds of each point relative to the stamp from ``point_times/`` (written
+        by the simulator for motion-distorted sweeps); None where the sequence has none."""
+        path = self.folder / POINT_TIMES / scan_file.name
+        if not path.exists():
+            return None
+        times = np.fromfile(path, np.float32).astype(np.float64)
+        if len(times) != n:
+            raise ValueError(f"{path} holds {len(times)} point times for {n} points")
+        return times
 
     def __iter__(self) -> Iterator[Scan]:
         for i in range(len(self)):

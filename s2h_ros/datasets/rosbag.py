@@ -18,7 +18,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from s2h_ros import stamps
-from s2h_ros.datasets.types import Scan, ScanList
+from s2h_ros.datasets.types import Scan, ScanList, scan_fields
+from s2h_ros.deskew import DeskewError, relative_times, time_field
 from s2h_ros.geometry import matrix_to_pose, transform_to_matrix
 from s2h_ros.pointcloud2 import create_cloud_fields, read_points, read_xyz
 
@@ -115,7 +116,9 @@ def read_pointcloud_bag(
     """Scans of a PointCloud2 topic in bag order.
 
     ``stamp`` is the header stamp (the bag's receive time where the header has none), ``points``
-    the finite x, y, z, ``intensity`` the intensity field when present, ``pose`` the TF ground truth
+    the finite x, y, z, ``intensity`` the intensity field when present, ``times`` the per-point
+    times (s2h_ros.deskew: a ``t``, ``time``, ``timestamp``... field, as seconds relative to the
+    stamp; None without one or when they are not one sweep's), ``pose`` the TF ground truth
     of ``tf_topic`` at exactly that stamp when the bag has it (else None).
     """
     path = Path(path)
@@ -128,17 +131,21 @@ def read_pointcloud_bag(
             frame_id = str(msg.header.frame_id)
             if has_tf and poses is None:
                 poses = read_tf_poses(path, frame_id, tf_topic)
-            names = {f.name for f in msg.fields}
-            if "intensity" in names:
-                fields, _ = read_points(msg, ["x", "y", "z", "intensity"], skip_nans=skip_nans)
-                points = np.stack([fields["x"], fields["y"], fields["z"]], axis=1).astype(np.float32)
-                intensity = fields["intensity"].astype(np.float32)
-            else:
-                points, _ = read_xyz(msg, skip_nans=skip_nans)
-                intensity = None
+            names = [f.name for f in msg.fields]
+            when = time_field(names)
+            points, _ = read_xyz(msg, skip_nans=skip_nans)  # float64 kept for georeferenced clouds
+            wanted = [n for n in ("intensity", when) if n in names]
+            fields = read_points(msg, wanted, skip_nans=skip_nans)[0] if wanted else {}  # the same points
+            intensity = fields["intensity"].astype(np.float32) if "intensity" in fields else None
+            times = None
+            if when is not None:
+                try:
+                    times = relative_times(fields[when], stamps.ns_to_sec(stamp_ns))
+                except DeskewError:  # not one sweep's times: the scan as given, as the node would take it
+                    times = None
             pose = None if poses is None else poses.get(stamp_ns)
             yield Scan(stamp=stamps.ns_to_sec(stamp_ns), points=points, pose=pose, intensity=intensity,
-                       frame_id=frame_id, index=index)
+                       frame_id=frame_id, index=index, times=times)
     finally:
         reader.close()
 
@@ -188,7 +195,8 @@ def write_pointcloud_bag(
     world_frame: str = "world",
     overwrite: bool = False,
 ) -> Path:
-    """Write scans as PointCloud2 (x, y, z float32 + intensity when the scan has it) to a new bag.
+    """Write scans as PointCloud2 (x, y, z float32 + intensity and time when the scan has them,
+    ``types.scan_fields``) to a new bag.
 
     ``frame_id`` None keeps each scan's own. Ground truth goes to ``tf_topic`` as
     ``world_frame -> frame_id`` at the scan's stamp: ``tf=True`` writes each ``scan.pose`` that
@@ -216,8 +224,7 @@ def write_pointcloud_bag(
         for i, scan in enumerate(scans):
             stamp_ns = stamps.sec_to_ns(float(scan.stamp))
             frame = frame_id if frame_id is not None else scan.frame_id
-            extra = None if scan.intensity is None else {"intensity": np.asarray(scan.intensity, np.float32)}
-            msg = rosbags_cloud(scan.points, extra, frame, stamp_ns)
+            msg = rosbags_cloud(scan.points, scan_fields(scan), frame, stamp_ns)
             writer.write(clouds, stamp_ns, ts.serialize_cdr(msg, POINTCLOUD2))
             if poses is not None and i >= len(poses):
                 raise ValueError(f"tf holds {len(poses)} poses for more scans")

@@ -101,6 +101,19 @@ class Scan:
     intensity: np.ndarray | None = None  # (N,) float32
     frame_id: str = "velodyne"
     index: int = 0
+    times: np.ndarray | None = None  # (N,) float64 seconds of each point relative to ``stamp`` (None: not known)
+
+
+def scan_fields(scan: Scan) -> dict[str, np.ndarray] | None:
+    """The per-point fields a scan is published or written with besides x, y, z: ``intensity``
+    (float32) and ``time`` (float32 seconds relative to the stamp, the Velodyne driver's field)
+    where the scan has them; None when it has neither."""
+    fields = {}
+    if scan.intensity is not None:
+        fields["intensity"] = np.asarray(scan.intensity, np.float32)
+    if scan.times is not None:
+        fields["time"] = np.asarray(scan.times, np.float32)
+    return fields or None
 
 
 class Sequence(Protocol):

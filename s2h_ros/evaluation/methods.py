@@ -165,7 +165,7 @@ class PipelineMethod:
         counts: Counter[str] = Counter()
         for i, scan in enumerate(sequence):
             stamp = getattr(scan, "stamp", None)
-            step = odo.step(scan.points, float(stamp) if stamp is not None else 0.1 * i)
+            step = odo.step(scan.points, float(stamp) if stamp is not None else 0.1 * i, times=getattr(scan, "times", None))
             if step.success:
                 pose = step.pose
             counts["trusted" if step.success else "not_trusted"] += 1

@@ -73,7 +73,8 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
     segment and continuity event (s2h_ros.odometry.OdometryStep), the result's weakest
     direction (s2h_ros.degeneracy) and its strongest shifted copy (s2h_ros.repetition)."""
     msg = RegistrationResultMsg(header=header, scan_id=scan_id, success=bool(step.success), message=step.message,
-                                segment=int(step.segment), event=step.event)
+                                segment=int(step.segment), event=step.event,
+                                deskewed=bool(step.deskewed))
     msg.keyframe_id = max(int(step.keyframe_id), 0)
     msg.keyframe_stamp = stamp_msg(step.keyframe_stamp)
     T = step.T_keyframe_scan if step.T_keyframe_scan is not None else (

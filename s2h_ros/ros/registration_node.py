@@ -9,6 +9,9 @@ registration; a preparer thread converts the next scan and computes its voxels a
 registration's pose covariance and the twist, and a bounded nav_msgs/Path; every scan publishes
 s2h_ros/RegistrationResult and correspondence markers; each new keyframe goes out once as a
 latched PointCloud2 (``~/keyframe_cloud``); diagnostics report rate, latency, drops and failures.
+A scan with per-point times (a field ``t``, ``time``, ``timestamp``, ``time_stamp`` or
+``offset_time``: s2h_ros.deskew) is motion-compensated to its stamp with the odometry's motion
+prior before it is registered (``odometry.deskew``); its result says whether it was.
 The base <- sensor extrinsic comes from the static TF tree when it has one (tf2, or /tf_static
 here), else from the ``sensor_to_base`` parameter; odom stays continuous when it changes
 (s2h_ros.ros.frames).
@@ -61,7 +64,8 @@ from s2h_ros.config import ConfigError, torch_cpu_threads
 from s2h_ros.handover import Failed, Handover
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
 from s2h_ros.pipeline import Registrar, RegistrationError
-from s2h_ros.pointcloud2 import PointCloud2Error
+from s2h_ros.deskew import DeskewError, relative_times, time_field
+from s2h_ros.pointcloud2 import PointCloud2Error, read_xyz_field
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.ros import messages
 from s2h_ros.ros.frames import OdomFrame
@@ -112,6 +116,7 @@ class RegistrationNode(Node):
         self._latencies = deque(maxlen=200)
         self._done_times = deque(maxlen=50)
         self._scan_id = 0  # the preparer's: scans are numbered in the order they are taken
+        self._time_fields: set[tuple[str, bool]] = set()  # (field, unusable) already logged: once each
         # The newest scan, prepared on one thread while the one before it is registered on another.
         self.handover = Handover(self._prepare, self._answer, name="s2h_registration", ahead=bool(p["prepare_ahead"]))
         # Wall-clock timer: diagnostics keep coming when a paused bag stops /clock.
@@ -163,13 +168,41 @@ class RegistrationNode(Node):
         try:
             scan.refusal = self._refusal(msg.header)
             if scan.refusal is None:
-                xyz, _ = from_msg(msg)
-                scan.prepared = self.odometry.prepare(xyz)
+                xyz, times = self._points_and_times(msg)
+                scan.prepared = self.odometry.prepare(xyz, times, messages.stamp_to_sec(msg.header.stamp))
         except PointCloud2Error as exc:
             scan.refusal = f"malformed PointCloud2: {exc}"
         except Exception as exc:  # a bug: answered in order by the worker as an internal error
             scan.error = exc
         return scan
+
+    def _points_and_times(self, msg: PointCloud2) -> tuple[np.ndarray, np.ndarray | None]:
+        """The scan's ``(N, 3)`` points and, where it has a time field (s2h_ros.deskew.TIME_FIELDS)
+        and ``odometry.deskew`` is on, each point's seconds relative to its stamp. Times that cannot
+        be a sweep's are not used: the scan is registered as given (its result says deskewed: false),
+        and the first time a field is found, or found unusable, the log says so."""
+        field = time_field([f.name for f in msg.fields]) if self.odometry.cfg.deskew else None
+        if field is None:
+            return from_msg(msg)[0], None
+        xyz, values, _ = read_xyz_field(msg, field)
+        try:
+            times = relative_times(values, messages.stamp_to_sec(msg.header.stamp))
+        except DeskewError as exc:
+            self._log_time_field(field, str(exc))
+            return xyz, None
+        self._log_time_field(field, "")
+        return xyz, times
+
+    def _log_time_field(self, field: str, problem: str) -> None:
+        """Once per field and outcome: the log says whether its per-point times are used."""
+        if (field, bool(problem)) in self._time_fields:
+            return
+        self._time_fields.add((field, bool(problem)))
+        if problem:  # rclpy fixes a call site's severity: one call per severity
+            self.get_logger().warning(f"per-point times in field {field!r}: not used ({problem}); scans are "
+                                      "registered as given")
+        else:
+            self.get_logger().info(f"per-point times in field {field!r}: scans are deskewed with the motion prior")
 
     # ------------------------------------------------------------------ worker side
     def _answer(self, scan: _Scan | Failed) -> None:

@@ -34,7 +34,7 @@ from sensor_msgs.msg import PointCloud2
 
 from s2h_ros import geometry, stamps
 from s2h_ros.config import ConfigError
-from s2h_ros.datasets.types import Sequence
+from s2h_ros.datasets.types import Sequence, scan_fields
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.outputs import write_json, write_text
 from s2h_ros.ros import messages
@@ -191,8 +191,7 @@ class SequenceReplayer(Node):
         t = self.start_time + float(scan.stamp)
         stamp = messages.stamp_msg(t)
         self.pub_clock.publish(Clock(clock=stamp))
-        extra = {"intensity": scan.intensity} if scan.intensity is not None else None
-        msg = to_msg(scan.points, frame_id=self.frame_id, stamp=stamp, extra=extra)
+        msg = to_msg(scan.points, frame_id=self.frame_id, stamp=stamp, extra=scan_fields(scan))
         key = stamps.stamp_ns(stamp)
         with self._cv:
             self.record.stamps_ns.append(key)

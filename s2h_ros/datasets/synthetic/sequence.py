@@ -20,7 +20,7 @@ import numpy as np
 
 from s2h_ros import paths
 from s2h_ros.outputs import write_json
-from s2h_ros.datasets.kitti import velodyne_to_camera, write_poses
+from s2h_ros.datasets.kitti import POINT_TIMES, velodyne_to_camera, write_poses
 from s2h_ros.datasets.synthetic.primitives import MeshBuilder
 from s2h_ros.datasets.synthetic.scene import SyntheticWorld, seeded_rng
 from s2h_ros.datasets.synthetic.sensor import LidarModel
@@ -96,8 +96,11 @@ class SyntheticSequence:
             rays = self.sensor.ray_directions(t)
             local = rays.reshape(-1, 3).astype(np.float32)
         R, C, _ = rays.shape
+        times = None
         if self.motion_distortion and self.sensor.projection != "pinhole":
-            T = self.sensor_poses(t + self.sensor.column_times())  # (C, 4, 4) pose at each firing
+            fired = self.sensor.column_times()  # (C,) seconds relative to the stamp
+            times = np.broadcast_to(fired[None, :], (R, C)).reshape(-1)
+            T = self.sensor_poses(t + fired)  # (C, 4, 4) pose at each firing
             dirs = np.einsum("cij,rcj->rci", T[:, :3, :3], rays).reshape(-1, 3)
             origins = np.broadcast_to(T[None, :, :3, 3], (R, C, 3)).reshape(-1, 3)
         else:
@@ -110,7 +113,8 @@ class SyntheticSequence:
         valid = np.isfinite(ranges)
         points = local[valid] * ranges[valid, None]
         return SyntheticScan(stamp=float(t), points=points, pose=self._origin_inv @ self.world_poses[i],
-                             intensity=reflectance[valid], frame_id="velodyne", index=i, ring=self._ring[valid])
+                             intensity=reflectance[valid], frame_id="velodyne", index=i, ring=self._ring[valid],
+                             times=None if times is None else times[valid].astype(np.float64))
 
     def _movers_mesh(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Moving cars (outdoor) or walking people (indoor) at time t, placed along the route."""
@@ -163,7 +167,9 @@ class SyntheticSequence:
 
 def write_kitti_layout(out_dir: str | Path, scans, poses_velo: np.ndarray, stamps: np.ndarray,
                        Tr: np.ndarray | None = None) -> None:
-    """Write scans (each with ``points`` (N, 3) and ``intensity`` (N,)) as a KITTI odometry sequence.
+    """Write scans (each with ``points`` (N, 3) and ``intensity`` (N,)) as a KITTI odometry sequence;
+    scans with per-point ``times`` also get ``point_times/NNNNNN.bin`` ((N,) float32 seconds
+    relative to the scan's stamp; read back by ``KittiSequence``).
 
     ``poses_velo`` (F, 4, 4) are Velodyne poses in the first scan's frame; poses.txt gets the
     camera-0 poses P_i = Tr pose_velo_i Tr^-1 (so pose_velo_i = Tr^-1 P_i Tr, as KITTI).
@@ -174,6 +180,9 @@ def write_kitti_layout(out_dir: str | Path, scans, poses_velo: np.ndarray, stamp
     for n, scan in enumerate(scans, start=1):
         refl = scan.intensity if scan.intensity is not None else np.zeros(len(scan.points), np.float32)
         np.column_stack([scan.points, refl]).astype(np.float32).tofile(out / "velodyne" / f"{n - 1:06d}.bin")
+        if scan.times is not None:  # per-point times of a motion-distorted sweep, as the Newer College samples
+            (out / POINT_TIMES).mkdir(exist_ok=True)
+            np.asarray(scan.times, np.float32).tofile(out / POINT_TIMES / f"{n - 1:06d}.bin")
     if n != len(poses_velo) or n != len(stamps):
         raise ValueError(f"{n} scans but {len(poses_velo)} poses and {len(stamps)} stamps")
     if Tr is None:
