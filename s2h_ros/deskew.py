@@ -61,7 +61,6 @@ def relative_times(values: np.ndarray, stamp: float) -> np.ndarray:
             seconds = seconds * 1e-9
     else:
         raise DeskewError(f"per-point times of dtype {values.dtype} (need integers or floats)")
-    seconds = np.where(np.isfinite(seconds), seconds, np.nan)
     finite = np.isfinite(seconds)
     if finite.any() and np.median(np.abs(seconds[finite])) > ABSOLUTE_AFTER_S:
         seconds = seconds - stamp

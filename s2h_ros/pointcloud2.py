@@ -22,6 +22,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from s2h_ros.deskew import DeskewError, relative_times, time_field
+
 # sensor_msgs/PointField datatype constants -> numpy scalar type (byte order added later).
 INT8, UINT8, INT16, UINT16, INT32, UINT32, FLOAT32, FLOAT64 = range(1, 9)
 DATATYPES: dict[int, str] = {
@@ -215,6 +217,21 @@ def read_xyz_field(msg: Any, field: str | None, skip_nans: bool = True) -> tuple
     if values is not None:
         values = values.astype(values.dtype.newbyteorder("="), copy=True)
     return xyz, values, int(len(mask) - kept) if mask is not None else 0
+
+
+def read_xyz_times(msg: Any, stamp: float, skip_nans: bool = True) -> tuple[np.ndarray, np.ndarray | None, str | None, str]:
+    """``(N, 3)`` coordinates as :func:`read_xyz`; each point's seconds relative to ``stamp``
+    (seconds) from the cloud's time field (``s2h_ros.deskew.time_field``, read by
+    ``deskew.relative_times``), None without one or where its times cannot be one sweep's; the
+    field's name (None without one); and why its times were not used ("" otherwise)."""
+    field = time_field([name for name, *_ in fields_of(msg)])
+    xyz, values, _ = read_xyz_field(msg, field, skip_nans)
+    if field is None:
+        return xyz, None, None, ""
+    try:
+        return xyz, relative_times(values, stamp), field, ""
+    except DeskewError as exc:
+        return xyz, None, field, str(exc)
 
 
 def _datatype_of(name: str, array: np.ndarray) -> int:

@@ -19,9 +19,8 @@ import numpy as np
 
 from s2h_ros import stamps
 from s2h_ros.datasets.types import Scan, ScanList, scan_fields
-from s2h_ros.deskew import DeskewError, relative_times, time_field
 from s2h_ros.geometry import matrix_to_pose, transform_to_matrix
-from s2h_ros.pointcloud2 import create_cloud_fields, read_points, read_xyz
+from s2h_ros.pointcloud2 import create_cloud_fields, read_points, read_xyz_times
 
 POINTCLOUD2 = "sensor_msgs/msg/PointCloud2"
 TFMESSAGE = "tf2_msgs/msg/TFMessage"
@@ -131,18 +130,12 @@ def read_pointcloud_bag(
             frame_id = str(msg.header.frame_id)
             if has_tf and poses is None:
                 poses = read_tf_poses(path, frame_id, tf_topic)
-            names = [f.name for f in msg.fields]
-            when = time_field(names)
-            points, _ = read_xyz(msg, skip_nans=skip_nans)  # float64 kept for georeferenced clouds
-            wanted = [n for n in ("intensity", when) if n in names]
-            fields = read_points(msg, wanted, skip_nans=skip_nans)[0] if wanted else {}  # the same points
-            intensity = fields["intensity"].astype(np.float32) if "intensity" in fields else None
-            times = None
-            if when is not None:
-                try:
-                    times = relative_times(fields[when], stamps.ns_to_sec(stamp_ns))
-                except DeskewError:  # not one sweep's times: the scan as given, as the node would take it
-                    times = None
+            # float64 kept for georeferenced clouds; times that cannot be one sweep's are None, the
+            # scan as given, as the node would take it
+            points, times, _, _ = read_xyz_times(msg, stamps.ns_to_sec(stamp_ns), skip_nans)
+            intensity = None
+            if "intensity" in {f.name for f in msg.fields}:  # for the same points
+                intensity = read_points(msg, ["intensity"], skip_nans=skip_nans)[0]["intensity"].astype(np.float32)
             pose = None if poses is None else poses.get(stamp_ns)
             yield Scan(stamp=stamps.ns_to_sec(stamp_ns), points=points, pose=pose, intensity=intensity,
                        frame_id=frame_id, index=index, times=times)

@@ -64,8 +64,7 @@ from s2h_ros.config import ConfigError, torch_cpu_threads
 from s2h_ros.handover import Failed, Handover
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
 from s2h_ros.pipeline import Registrar, RegistrationError
-from s2h_ros.deskew import DeskewError, relative_times, time_field
-from s2h_ros.pointcloud2 import PointCloud2Error, read_xyz_field
+from s2h_ros.pointcloud2 import PointCloud2Error, read_xyz_times
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
 from s2h_ros.ros import messages
 from s2h_ros.ros.frames import OdomFrame
@@ -181,16 +180,11 @@ class RegistrationNode(Node):
         and ``odometry.deskew`` is on, each point's seconds relative to its stamp. Times that cannot
         be a sweep's are not used: the scan is registered as given (its result says deskewed: false),
         and the first time a field is found, or found unusable, the log says so."""
-        field = time_field([f.name for f in msg.fields]) if self.odometry.cfg.deskew else None
-        if field is None:
+        if not self.odometry.cfg.deskew:
             return from_msg(msg)[0], None
-        xyz, values, _ = read_xyz_field(msg, field)
-        try:
-            times = relative_times(values, messages.stamp_to_sec(msg.header.stamp))
-        except DeskewError as exc:
-            self._log_time_field(field, str(exc))
-            return xyz, None
-        self._log_time_field(field, "")
+        xyz, times, field, problem = read_xyz_times(msg, messages.stamp_to_sec(msg.header.stamp))
+        if field is not None:
+            self._log_time_field(field, problem)
         return xyz, times
 
     def _log_time_field(self, field: str, problem: str) -> None:
