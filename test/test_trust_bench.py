@@ -1,4 +1,5 @@
-"""``s2h bench trust``: which held-out drives the bench plans and with which settings (no registration here)."""
+"""``s2h bench trust``: which held-out drives the bench plans and with which settings; a distorted
+drive reaches the odometry with its per-point times."""
 from __future__ import annotations
 
 import pytest
@@ -39,3 +40,19 @@ def test_each_sensor_runs_with_what_the_node_would_run_with_for_it():
     kitti = str(config_dir() / "kitti.yaml")
     files, reg, _ = drive_settings("depth_camera", [kitti])
     assert files == [kitti] and reg.voxel_size == RegistrationConfig().voxel_size
+
+
+def test_a_distorted_drive_hands_the_odometry_its_per_point_times():
+    """``--motion-distortion``: the sweeps drawn while moving reach the odometry with their times,
+    which it deskews from the third scan on (a trusted motion known); without it nothing is."""
+    from s2h_ros.benchmarks.trust import drive_trust
+    from s2h_ros.pipeline import Registrar
+
+    registrar = Registrar(RegistrationConfig())
+    for distorted, expected in ((True, 4), (False, 0)):
+        # development world 1532 (the deskew tests' town), VLP-16 at 10 m/s
+        drive = drive_trust("vlp16", 1532, 6, 1, 0.3, 2.0, registrar, motion_distortion=distorted)
+        assert drive["motion_distortion"] is distorted
+        assert drive["deskewed"] == expected
+        assert [s["deskewed"] for s in drive["trusted_steps"]] == [False, False] + [distorted] * 4
+        assert drive["trusted"] == 6 and drive["wrong_trusted"] == 0

@@ -19,6 +19,10 @@ many of them were right anyway (by luck along the free direction: the geometry c
 ``min_constraint`` is the smallest weakest-direction constraint (s2h_ros.degeneracy) of a trusted
 registration: its margin over the degeneracy gate (RegistrationConfig.min_constraint).
 
+``--motion-distortion`` draws each sweep while the sensor moves (a spinning lidar's columns over
+its 0.1 s) and gives the odometry the per-point times, which it deskews with (``odometry.deskew``,
+the default): the trust test on the sweeps a moving sensor really draws.
+
 Settings: each drive runs with what registration_node would run with for that sensor: the library
 defaults (config/register.yaml) for lidars, and config/depth_camera.yaml over them for the depth
 camera (0.05 m voxels and the indoor FCGF, as the README launches it); ``--params-file`` (given
@@ -63,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--carrier", choices=CARRIER_NAMES, default="vehicle",
                         help="how the sensor is carried (s2h_ros.datasets.synthetic.CARRIERS): on a vehicle (default) "
                              "or handheld (1.6 m up, leaning 20 deg, swaying 12 deg, walking 1.0-1.6 m/s)")
+    parser.add_argument("--motion-distortion", action="store_true",
+                        help="draw each sweep while the sensor moves and hand the odometry its per-point times, "
+                             "as a driver's time field does (deskewed with odometry.deskew, the default)")
 
 
 def plan_cells(sensors: list[str], families: list[str], seed: int) -> list[tuple[str, str | None, int]]:
@@ -100,18 +107,21 @@ def drive_settings(sensor: str, params_files: list[str]) -> tuple[list[str], "Re
 
 
 def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, max_re: float, registrar,
-                family: str | None = None, odometry=None, carrier: str = "vehicle") -> dict:
+                family: str | None = None, odometry=None, carrier: str = "vehicle",
+                motion_distortion: bool = False) -> dict:
     """Run one simulated drive through the odometry (``odometry``: its OdometryConfig, default the
     defaults); count trusted, wrong and needlessly rejected scans. ``family`` None: the town (rooms
     for the depth camera) at 10 m/s (1 m/s); else that family at its own speeds. ``carrier``
-    (``CARRIERS``): "handheld" walks the drive with the sensor held, tilted and swaying."""
+    (``CARRIERS``): "handheld" walks the drive with the sensor held, tilted and swaying.
+    ``motion_distortion``: each sweep drawn over its 0.1 s while the sensor moves, its per-point
+    times given to the odometry (``KeyframeOdometry.step(..., times=)``)."""
     from s2h_ros import geometry
     from s2h_ros.config import OdometryConfig
     from s2h_ros.datasets.synthetic import CARRIERS, simulate_sequence
     from s2h_ros.odometry import KeyframeOdometry
 
     indoor = sensor in INDOOR_SENSORS
-    carried = dict(CARRIERS[carrier])
+    carried = dict(CARRIERS[carrier], motion_distortion=motion_distortion)
     if family is None:
         carried.setdefault("speed", 1.0 if indoor else 10.0)
         seq = simulate_sequence(n_frames=frames * every, seed=seed, sensor=sensor,
@@ -125,8 +135,11 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
     counts = {"trusted": 0, "wrong_trusted": 0, "rejected": 0, "needless_rejections": 0,
               "degenerate_rejections": 0, "degenerate_right": 0, "new_segments": 0}
     wrong, rejected, trusted, t0 = [], [], [], time.perf_counter()
+    deskewed = 0  # scans the odometry motion-compensated from their times
     for i in range(0, frames * every, every):
-        step = odo.step(seq[i].points, float(seq.stamps[i]))
+        scan = seq[i]
+        step = odo.step(scan.points, float(seq.stamps[i]), times=scan.times)
+        deskewed += step.deskewed
         kf = keyframe_frame.get(step.keyframe_id)
         # The registration against the keyframe, and its error from the truth (None: nothing to compare).
         re_kf = te_kf = None
@@ -163,6 +176,7 @@ def drive_trust(sensor: str, seed: int, frames: int, every: int, max_te: float, 
             keyframe_frame[odo.keyframes[-1].id] = i
     constraints = [t.get("weakest_constraint") for t in trusted]
     return {"sensor": sensor, "family": family or ("rooms" if indoor else "town"), "seed": seed, "carrier": carrier,
+            "motion_distortion": motion_distortion, "deskewed": deskewed,
             "kind": "indoor" if indoor else "outdoor", "scans": frames, "speed": "fixed" if family is None else "family",
             **counts, "trusted_fraction": counts["trusted"] / frames,
             "min_constraint": min((c for c in constraints if c is not None), default=None),
@@ -174,7 +188,8 @@ def _describe(step) -> dict:
     """What a step's registration said: message, fitness, inliers, weakest constraint; how far the local
     map's refinement moved its pose."""
     r = step.result
-    out = {"message": step.message or (r.message if r is not None else ""), "event": step.event}
+    out = {"message": step.message or (r.message if r is not None else ""), "event": step.event,
+           "deskewed": bool(step.deskewed)}
     if r is not None:
         out.update(fitness=r.fitness, fitness_fine=r.fitness_fine, inliers=r.num_inliers, search=r.search,
                    weakest_constraint=None if r.degeneracy is None else r.degeneracy.eigenvalue,
@@ -232,16 +247,18 @@ def run(args: argparse.Namespace) -> dict:
             registrars[repr(config)] = Registrar(config)
         registrar = registrars[repr(config)]
         drives.append(drive_trust(sensor, seed, args.frames, args.every, args.max_te, args.max_re, registrar, family,
-                                  odometry, args.carrier))
+                                  odometry, args.carrier, args.motion_distortion))
         d = drives[-1]
         d["params_files"] = [Path(f).name for f in files]
         print(f"# {sensor} {d['family']} seed {seed}: {d['trusted']}/{d['scans']} trusted, {d['wrong_trusted']} wrong, "
-              f"{d['needless_rejections']} needless, {d['degenerate_rejections']} degenerate", file=sys.stderr, flush=True)
+              f"{d['needless_rejections']} needless, {d['degenerate_rejections']} degenerate"
+              + (f", {d['deskewed']} deskewed" if args.motion_distortion else ""), file=sys.stderr, flush=True)
     table = _table(drives, bool(families))
     print(table, end="")
     if args.markdown:
         write_text(args.markdown, table)
     gate = RegistrationConfig().min_constraint if args.min_constraint is None else args.min_constraint
-    return {"every": args.every, "carrier": args.carrier, "min_constraint_gate": gate, "max_te_m": args.max_te, "max_re_deg": args.max_re, "threads": args.threads,
+    return {"every": args.every, "carrier": args.carrier, "motion_distortion": args.motion_distortion,
+            "min_constraint_gate": gate, "max_te_m": args.max_te, "max_re_deg": args.max_re, "threads": args.threads,
             "families": families, "wrong_trusted_total": sum(d["wrong_trusted"] for d in drives),
             "drives": drives, "table": table}
