@@ -151,15 +151,24 @@ class SlideEvidence:
     structures: int  # how many voxels the fractions are over
     in_plan: bool  # counted in plan (x, y), not in 3-D
     fits: float = 0.0  # fraction of them within D of the keyframe's structure at the result (the higher view)
+    # the same as best, at the best position at least SLIDE_SHIFT_DISTANCES inlier distances from
+    # the best one (same view): another peak, e.g. the next of evenly spaced poles
+    elsewhere: float = 0.0
 
     @property
     def gain(self) -> float:
         """How much better the structure fits at the best other position than at the result."""
         return self.best - self.at_result
 
+    @property
+    def peak_margin(self) -> float:
+        """How much better the structure fits at the best other position than anywhere clearly apart
+        from it: how much that position stands out as the one where the structure fits."""
+        return self.best - self.elsewhere
+
     def to_dict(self) -> dict:
         return {"at_result": self.at_result, "best": self.best, "shift_m": self.shift, "structures": self.structures,
-                "in_plan": self.in_plan, "fits": self.fits}
+                "in_plan": self.in_plan, "fits": self.fits, "elsewhere": self.elsewhere}
 
 
 def above_ground(xyz: np.ndarray, cell: float, height: float) -> np.ndarray:
@@ -244,8 +253,10 @@ def slide_evidence(source: np.ndarray, target: np.ndarray, T: np.ndarray, direct
         fits = max(fits, float(_slide_profile(points, tree, d_target, np.zeros(1), distance)[0]))
         f = _slide_profile(points, tree, d_target, shifts, tolerance)
         k = int(np.argmax(np.where(other, f, -1.0)))
-        here = SlideEvidence(float(f[len(shifts) // 2]), float(f[k]), _plateau_middle(f, shifts, k), int(lone.sum()),
-                             in_plan)
+        peak = _plateau_middle(f, shifts, k)
+        apart = np.abs(shifts - peak) >= SLIDE_SHIFT_DISTANCES * distance
+        here = SlideEvidence(float(f[len(shifts) // 2]), float(f[k]), peak, int(lone.sum()), in_plan,
+                             elsewhere=float(f[apart].max()) if apart.any() else 0.0)
         if best.structures == 0 or here.gain > best.gain:
             best = here
     return dataclasses.replace(best, fits=fits)

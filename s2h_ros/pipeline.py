@@ -251,6 +251,10 @@ class RegistrationResult:
     # on the input clouds from the refined result; ``transform`` is its result when ``fine.used``.
     # None where it did not run (prepared clouds, as the odometry gives; refine none; fine_voxel off).
     fine: Refinement | None = None
+    # Metres along the weakest direction (target frame) a global search's result refused as a slide
+    # was moved to where its poles and signs fit before it was refined and verified again
+    # (``slide_recovery``, ``Registrar._slide_recovered``); None where it was not moved.
+    slid_m: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -267,6 +271,7 @@ class RegistrationResult:
             "slide_evidence": self.slide.to_dict() if self.slide is not None else None,
             "structure_fit": self.structure_fit,
             "fine": self.fine.to_dict() if self.fine is not None else None,
+            "slid_m": self.slid_m,
             "inlier_ratio": self.inlier_ratio,
             "fitness": self.fitness,
             "fitness_fine": self.fitness_fine,
@@ -315,6 +320,11 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
 # (Registrar._without_rival).
 RIVAL_INLIER_RATIO = 1.5
 RIVAL_FITNESS_SHARE = 0.5
+# A slide is moved at most this many times (Registrar._slide_recovered): the peak of the slide
+# profile is the middle of a plateau D / 2 wide, so the first move may land up to that far off, and
+# the slide test there names the rest.
+SLIDE_MOVES = 3
+
 # A degenerate hypothesis turned this much from the result (another heading hypothesis's half of
 # the 90 deg between two) is still a rival: the structure along the weak direction leaves the
 # position along it open, not the heading (Registrar._without_rival).
@@ -789,9 +799,62 @@ class Registrar:
                 T = refine_icp(src.xyz, tgt.xyz, T, self.config, tgt.normals(self.config.voxel_size))
         result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message,
                                        structure=structure)
+        if structure and not hyp.message:
+            result = self._slide_recovered(src, tgt, result, timer)
         result.num_candidates, result.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
         result.used_fallback, result.heading_deg = bool(hyp.fallback), hyp.heading
         result.fallback = hyp.fallback
+        return result
+
+    def _slide_recovered(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
+                         timer: _Timer) -> RegistrationResult:
+        """A global search's ``result`` refused where the geometry leaves one direction nearly free
+        (weakest constraint below ``weak_constraint``), moved along that direction to where the
+        structure that would show a slide fits the target's (``slide_evidence``: poles, signs, ends
+        of walls), refined by ICP and verified by every test again (``slide_recovery``). The move is
+        made only to a clear peak: ``slide_margin`` better than the result and than every position
+        two inlier distances or more from it, so evenly spaced poles, which fit as well one spacing
+        on, never choose. The moved result when it is trusted (``slid_m`` says how far); else
+        ``result``, its message saying why the move did not stand.
+
+        On a highway the features match guardrails, verges and the road as readily as the few
+        poles, and the estimate lands wherever those put it along the road: on a held-out matrix
+        the VLP-16 and HDL-32 highway pairs were refused 19 of 20 times, each off by about the
+        pair's 10-20 m along the road, while 19-99 of their matches were right."""
+        cfg = self.config
+        degeneracy = result.degeneracy
+        if not cfg.slide_recovery or result.success or degeneracy is None \
+                or degeneracy.eigenvalue >= cfg.weak_constraint:
+            return result
+        T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+        slide = result.slide
+        if slide is None:  # refused before the slide test (below min_constraint, or by support)
+            with timer.stage("verify"):
+                slide = slide_evidence(src.feature_frame_xyz(), tgt.feature_frame_xyz(), levelled_transform(src, tgt, T),
+                                       tgt.feature_frame(degeneracy.direction[:3]), cfg.inlier_distance)
+        moved, total = result, 0.0
+        for _ in range(SLIDE_MOVES):
+            if slide is None or slide.structures < MIN_SLIDE_STRUCTURES \
+                    or min(slide.gain, slide.peak_margin) < cfg.slide_margin:
+                break
+            d = degeneracy.direction[:3]
+            start = T.copy()
+            start[:3, 3] += slide.shift * d
+            with timer.stage("refine"):
+                T = refine_icp(src.xyz, tgt.xyz, start, cfg, tgt.normals(cfg.voxel_size)).copy()
+            # ICP refines the other five directions; along d the structure decides, and the sensor's
+            # rings on the road and the rails pull ICP back towards the alias
+            T[:3, 3] -= ((T[:3, 3] - start[:3, 3]) @ d) * d
+            total += slide.shift
+            moved = self._verified_result(src, tgt, T, result.correspondences, result.weights, timer,
+                                          structure=True, slid=True)
+            if moved.success:
+                moved.slid_m = float(total)
+                return moved
+            degeneracy, slide = moved.degeneracy, moved.slide  # the plateau's middle may be off by D / 2: again
+        if moved is not result:
+            result.message += (f"; moved {total:+.1f} m along it to where the structure fits, not trusted "
+                               f"either: {moved.message}")
         return result
 
     def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None,
@@ -922,10 +985,17 @@ class Registrar:
 
     def _verified_result(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarray,
                          weights: np.ndarray, timer: _Timer, message: str = "",
-                         require_inliers: bool = True, structure: bool = False) -> RegistrationResult:
+                         require_inliers: bool = True, structure: bool = False,
+                         slid: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
         and the result in the input frames; ``structure``: a global search's result, which must
-        also pass ``_zero_motion_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one)."""
+        also pass ``_zero_motion_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one).
+        ``slid``: a result moved along its weakest direction to where its structure fits
+        (``_slide_recovered``): that structure, not the matches, pins the direction (matches on rails
+        and road support every position along it alike), so ``min_inliers`` does not apply and the
+        slide test always does. ``min_constraint`` still does: below it even the truth is not
+        trusted (without it, two held-out tunnel pairs were trusted 11-14 m off, one turned around,
+        their structure peaking 0.45 m from where they had landed)."""
         cfg = self.config
         with timer.stage("verify"):
             nearest = nearest_voxels(src.xyz, T, tgt.spatial_index(), cfg.inlier_distance)
@@ -939,14 +1009,15 @@ class Registrar:
         inlier_ratio = n_inl / max(len(pairs), 1)
         success, structure_fit = False, None
         if not message:
-            message, structure_fit = self._support_doubt(src, tgt, T, n_inl, fitness, require_inliers, timer)
+            message, structure_fit = self._support_doubt(src, tgt, T, n_inl, fitness, require_inliers and not slid,
+                                                         timer)
             success = not message
         if success and degeneracy.eigenvalue < cfg.min_constraint:
             success = False
             message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
                        f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
         slide = None
-        if success and degeneracy.eigenvalue < cfg.weak_constraint:
+        if success and (degeneracy.eigenvalue < cfg.weak_constraint or slid):
             with timer.stage("verify"):
                 T_level = levelled_transform(src, tgt, T)  # "above the ground" and "in plan" against each cloud's up
                 slide = slide_evidence(src.feature_frame_xyz(), tgt.feature_frame_xyz(), T_level,

@@ -306,6 +306,56 @@ def test_a_16_beam_slide_in_the_grey_zone_is_not_trusted(registrar):
     assert ungated.refine(src, tgt, np.eye(4)).success
 
 
+def test_evenly_spaced_poles_name_no_single_position_to_slide_to():
+    """The slide evidence of the zero-motion alias 4 m short: poles every 25 m fit as well one
+    spacing on (within the 30 m searched), so no position stands out (``peak_margin``); poles 40 m
+    apart fit at the truth alone. Only a position that stands out is one a result may be moved to."""
+    from s2h_ros.degeneracy import slide_evidence
+
+    margin = RegistrationConfig().slide_margin
+    distance = RegistrationConfig().inlier_distance
+    for spacing, stands_out in ((25.0, False), (40.0, True)):
+        rng = np.random.default_rng(3)
+        surfaces = highway(pole_spacing=spacing)
+        target, source = scan(surfaces, "vlp16", 0.0, rng), scan(surfaces, "vlp16", 4.0, rng)
+        alias = slide_evidence(source, target, np.eye(4), np.array([1.0, 0.0, 0.0]), distance)
+        assert alias.gain >= margin and abs(alias.shift - 4.0) <= distance / 2, (spacing, alias)
+        assert (alias.peak_margin >= margin) == stands_out, (spacing, alias)
+
+
+def test_a_slide_is_moved_to_where_its_poles_fit_and_trusted_there(registrar):
+    """Development world 1530 (VLP-16 highway): the zero-motion alias 3.8 m short of the truth,
+    refused as a slide, is moved along the road to where its poles fit the keyframe's, refined and
+    verified again: trusted within 0.2 m of the truth, ``slid_m`` saying how far it moved. With
+    ``slide_recovery`` off it stays refused. On the analytic highway with poles every 25 m the same
+    alias is refused and stays so: its poles fit as well one spacing on."""
+    from s2h_ros.datasets.synthetic import simulate_sequence
+    from s2h_ros.pipeline import _Timer
+
+    seq = simulate_sequence(n_frames=40, seed=1530, sensor="vlp16", family="highway")
+    src, tgt = registrar.prepare(seq[26].points), registrar.prepare(seq[14].points)
+    truth = geometry.invert_transform(seq.poses[14]) @ seq.poses[26]
+    alias = registrar.refine(src, tgt, np.eye(4))
+    assert not alias.success and alias.message.startswith("degenerate: a slide"), alias.message
+    moved = registrar._slide_recovered(src, tgt, alias, _Timer())
+    assert moved.success, moved.message
+    re, te = geometry.transform_errors(moved.transform, truth)
+    assert te < 0.2 and re < 0.5, (te, re)
+    assert abs(moved.slid_m - np.linalg.norm(truth[:3, 3])) < 0.7 and moved.to_dict()["slid_m"] == moved.slid_m
+    off = Registrar(registrar.config.replace(slide_recovery=False))
+    off._models = registrar._load_models()
+    assert off._slide_recovered(src, tgt, alias, _Timer()) is alias and not alias.success
+
+    rng = np.random.default_rng(3)
+    surfaces = highway(pole_spacing=25.0)
+    target, source = scan(surfaces, "vlp16", 0.0, rng), scan(surfaces, "vlp16", 4.0, rng)
+    src, tgt = registrar.prepare(source), registrar.prepare(target)
+    periodic = registrar.refine(src, tgt, np.eye(4))
+    assert not periodic.success and geometry.transform_errors(periodic.transform, _translation(4.0))[1] > 3.0
+    kept = registrar._slide_recovered(src, tgt, periodic, _Timer())
+    assert not kept.success and kept.slid_m is None
+
+
 def test_a_tilted_16_beam_slide_is_judged_along_the_ground_and_not_trusted(registrar):
     """The slide above with both scans tilted (a handheld or pitched VLP-16: source 25 deg, target
     20 deg about other axes). Ground and structure are told apart against each cloud's levelled

@@ -371,13 +371,20 @@ def test_a_highway_pair_turned_around_is_not_trusted_beside_the_right_heading():
     straight road between two guardrails fits the scan turned around. The right heading (118
     inlier matches, fitness 0.73) is refused by the slide test and the half-turned one (57, 0.66,
     180 deg / 27 m off) passes every test; beside a rival with twice its matches it is not
-    trusted. With the rival test off the wrong pose is trusted."""
+    trusted. With the rival test off the wrong pose is trusted. (With ``slide_recovery``, the
+    default, the right heading is moved 0.3 m along the road to where its poles fit and trusted
+    there, so the turned one never stands.)"""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
 
     pair = turned_pair(synthetic_pairs(10, 385, sensor="hdl32", family="highway")[7], 9.9)
-    reg = Registrar(RegistrationConfig())
-    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    recovered = Registrar(RegistrationConfig())
+    src, tgt = recovered.prepare(pair.source), recovered.prepare(pair.target)
+    right = recovered.register(src, tgt)
+    re, te = geometry.transform_errors(right.transform, pair.T_gt)
+    assert right.success and right.slid_m is not None and re < 1.0 and te < 0.5, (right.message, re, te)
+    reg = Registrar(RegistrationConfig(slide_recovery=False))
+    reg._models = recovered._load_models()
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert re > 170 and te > 20 and result.heading_deg == 180.0  # turned around
