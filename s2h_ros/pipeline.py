@@ -45,6 +45,7 @@ from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy,
                                  weakest_direction)
 from s2h_ros.gravity import ground_up, levelling_rotation
 from s2h_ros.hash_grid import DeviceIndex
+from s2h_ros.free_space import FreeSpace, free_space, range_image
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
@@ -85,6 +86,7 @@ class PreparedCloud:
     _normals: np.ndarray | None = field(default=None, repr=False)
     _planarity: np.ndarray | None = field(default=None, repr=False)
     _tree: object = field(default=None, repr=False)
+    _range_image: np.ndarray | None = field(default=None, repr=False)
     # Guards the three above: a keyframe's are computed on a helper thread (``warm``) while the
     # worker may already ask for them; the worker then waits for the one in progress.
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
@@ -151,6 +153,14 @@ class PreparedCloud:
                     self._tree = cKDTree(self.xyz)
             return self._tree
 
+    def range_image(self) -> np.ndarray:
+        """The voxels' view from the input frame's origin (``s2h_ros.free_space.range_image``: the
+        nearest return per direction), built once."""
+        with self._lock:
+            if self._range_image is None:
+                self._range_image = range_image(self.input_frame_xyz())
+            return self._range_image
+
     def warm(self, voxel_size: float) -> None:
         """Compute now what a keyframe's registrations ask for (spatial index, normals, planarity),
         in the order they ask; an error is left for the registration that asks to raise."""
@@ -166,7 +176,7 @@ class PreparedCloud:
         cloud's; e.g. those of the cloud turned to a heading), same origin (nothing cached is shared)."""
         features = self.features if features is None else features
         return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
-                                   _normals=None, _planarity=None, _tree=None)
+                                   _normals=None, _planarity=None, _tree=None, _range_image=None)
 
 
 @dataclass
@@ -243,6 +253,10 @@ class RegistrationResult:
     # where it was asked: a result below min_fitness (trusted only with low_fitness_structure of
     # it) or a global search's result at zero motion; None elsewhere.
     structure_fit: float | None = None
+    # Of the source voxels off the ground that a global search's result lays in directions the
+    # target's sensor saw, the fraction where its rays passed (s2h_ros.free_space); None where not
+    # asked (tracking, max_free_space off, a result refused before it).
+    free_space: FreeSpace | None = None
     # The strongest sideways-shifted copy of the result (s2h_ros.repetition), asked of a global
     # search's and of tracking's after a stale prediction (s2h_ros.odometry); None where not asked
     # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
@@ -270,6 +284,7 @@ class RegistrationResult:
             "repetition": self.repetition.to_dict() if self.repetition is not None else None,
             "slide_evidence": self.slide.to_dict() if self.slide is not None else None,
             "structure_fit": self.structure_fit,
+            "free_space": self.free_space.to_dict() if self.free_space is not None else None,
             "fine": self.fine.to_dict() if self.fine is not None else None,
             "slid_m": self.slid_m,
             "inlier_ratio": self.inlier_ratio,
@@ -370,7 +385,7 @@ def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: 
     """An untrusted result whose inlier matches say nothing about one pose of the scene: at zero
     motion (the sensors less than ``inlier_distance`` apart), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
-    ``_zero_motion_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
+    ``_structure_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
     matches beside right results with 37-56), or where the geometry hardly constrains a direction
     (weakest constraint below ``min_constraint``): matches of structure extended along it support
     every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31).
@@ -652,8 +667,8 @@ class Registrar:
         before a turn), refined and verified on every voxel. Its result when decisive (``_decisive``), else
         None and the full search runs (every voxel, every heading, the safeguard), so a hard pair
         loses nothing but this try (the turned features it computed are kept in ``turned``). None
-        at once without a prior. Where the prior put a turned heading first, a decisive result there
-        is also tried at the heading as given, and the rival test sees both (``headings``).
+        at once without a prior. Where the prior put a turned heading first, a decisive or refused
+        result there is also tried at the heading as given, and the rival test sees both (``headings``).
         ``alone`` (``search="quick"``): this try is the whole search, with
         or without a prior (the heading as given then), the safeguard on its matches included; its
         result comes back, trusted only when decisive: what the full search would not take
@@ -674,7 +689,11 @@ class Registrar:
             if hyp.deferred:  # nor at the heading as given: no rival there
                 break
             tries.append(self._finished(src, tgt, hyp, timer, structure=True))
-            if not _decisive(tries[0]):  # only a decisive turned result stops a search: it faces the one as given
+            if tries[0].success and not _decisive(tries[0]):
+                # A decisive turned result would stop a search, so it faces the one as given; a
+                # refused one (a straight street turned around, its structure where the target's
+                # rays passed) leaves the heading as given to be heard; a trusted but undecided
+                # one leaves it to the full search.
                 break
         best = tries[-1] if _better(tries[-1], tries[0]) else tries[0]
         result = self._without_rival(best, tries)
@@ -706,7 +725,7 @@ class Registrar:
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        structure = support is None  # a global search's results must pass _zero_motion_doubt too
+        structure = support is None  # a global search's results must pass _structure_doubt too
         result = self._finished(src, tgt, first, timer, structure=structure)
         verified = [result]  # every hypothesis refined and verified, for the rival test
         for heading in headings[1:]:
@@ -792,7 +811,7 @@ class Registrar:
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
                   structure: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``_zero_motion_doubt``)."""
+        (``structure``: a global search's, which must also pass ``_structure_doubt``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -989,7 +1008,7 @@ class Registrar:
                          slid: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
         and the result in the input frames; ``structure``: a global search's result, which must
-        also pass ``_zero_motion_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one).
+        also pass ``_structure_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one).
         ``slid``: a result moved along its weakest direction to where its structure fits
         (``_slide_recovered``): that structure, not the matches, pins the direction (matches on rails
         and road support every position along it alike), so ``min_inliers`` does not apply and the
@@ -1024,8 +1043,14 @@ class Registrar:
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         if success and structure:
-            message, structure_fit = self._zero_motion_doubt(src, tgt, T, transform, fitness, timer, slide,
+            message, structure_fit = self._structure_doubt(src, tgt, T, transform, fitness, timer, slide,
                                                              degeneracy, structure_fit)
+            success = not message
+        seen_through = None
+        if success and structure and cfg.max_free_space > 0:
+            with timer.stage("verify"):
+                seen_through = seen_through_of(src, tgt, T, cfg)
+            message = _free_space_refusal(seen_through, cfg)
             success = not message
         return RegistrationResult(
             transform=transform,
@@ -1052,6 +1077,7 @@ class Registrar:
             degeneracy=degeneracy,
             slide=slide,
             structure_fit=structure_fit,
+            free_space=seen_through,
         )
 
     def _support_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: int, fitness: float,
@@ -1080,16 +1106,18 @@ class Registrar:
         return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
                 f"fitness {fitness:.2f} (need {cfg.min_fitness:.2f}){off}"), structure_fit
 
-    def _zero_motion_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
-                           fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
-                           degeneracy: Degeneracy | None = None,
-                           structure_fit: float | None = None) -> tuple[str, float | None]:
+    def _structure_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
+                         fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
+                         degeneracy: Degeneracy | None = None,
+                         structure_fit: float | None = None) -> tuple[str, float | None]:
         """A global search's result (no motion prior behind it; ``T`` between the local frames,
-        ``transform`` between the input frames) at zero motion (``at_zero_motion``) must fit off the ground too (``structure_fitness``), and, in
-        the grey zone of the constraint measure (``slide`` asked), so must the structure that would
-        show a motion along the weakest direction (``slide.fits``): the refusal message ("" when
-        it does or the result moved) and the off-ground fitness (``structure_fit`` when already
-        measured, else measured here when asked).
+        ``transform`` between the input frames) must fit off the ground too (``structure_fitness``,
+        ``min_structure_fitness``) where the fitness and the constraint measure cannot tell it
+        from the truth: at zero motion (``at_zero_motion``), and in the grey zone of the constraint
+        measure (``slide`` asked: weakest constraint below ``weak_constraint``). At zero motion in
+        the grey zone, so must the structure that would show a motion along the weakest direction
+        (``slide.fits``). Returns the refusal message ("" when it fits or neither applies) and the
+        off-ground fitness (``structure_fit`` when already measured, else measured here when asked).
 
         The ground is not the only pattern a sensor draws the same way wherever it stands: rings
         on a guardrail, a noise barrier or a tunnel wall along the road lie on their twins at zero
@@ -1097,19 +1125,35 @@ class Registrar:
         apart: trusted at zero motion with 0.87 of the off-ground voxels fitting, 0.32 of the
         poles and sign posts). A sensor at rest sees its poles where they were: on development
         worlds, right zero-motion results in the grey zone fitted 0.90-0.96 of that structure,
-        the wrong ones 0.01-0.08 (docs/reliability.md)."""
+        the wrong ones 0.01-0.08 (docs/reliability.md).
+
+        Away from zero motion, a result in the grey zone lays a wide, flat ground on the target's
+        and the rows of a parking lot or a street's facades on rows and facades running the same
+        way, so the ground carries its fitness past ``min_fitness`` while the scene off the ground
+        does not fit (held-out Livox parking-lot pair with nothing in common at the truth: trusted
+        93 deg / 7.8 m off, fitness 0.59, 0.33 off the ground). On development worlds (matrix
+        base seed 1128, 4 sensors x town, suburban, parking lot, highway), right results in the
+        grey zone fitted 0.68-0.93 off the ground, the wrong ones outside highways 0.11-0.47."""
         cfg = self.config
-        if cfg.min_structure_fitness <= 0 or not at_zero_motion(transform, cfg):
+        zero, grey = at_zero_motion(transform, cfg), slide is not None
+        if cfg.min_structure_fitness <= 0 or not (zero or grey):
             return "", structure_fit
         moved = float(np.linalg.norm(transform[:3, 3]))
         if structure_fit is None:
             with timer.stage("verify"):
                 structure_fit = structure_fitness(src, tgt, T, cfg)
         if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
-            return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only {structure_fit:.2f} "
-                    f"off the ground (need {cfg.min_structure_fitness:.2f}): the ground's sensor pattern, not the "
-                    "scene, aligns"), structure_fit
-        if slide is not None and degeneracy is not None and slide.fits < cfg.min_structure_fitness:
+            if zero:
+                return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
+                        f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
+                        "sensor pattern, not the scene, aligns"), structure_fit
+            weakest = "" if degeneracy is None else (
+                f"the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
+                f"{degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}) and ")
+            return (f"not trusted: {weakest}only {structure_fit:.2f} of the voxels off the ground fit (need "
+                    f"{cfg.min_structure_fitness:.2f}), with fitness {fitness:.2f}: the ground and structure "
+                    "running the same way, not the scene, align"), structure_fit
+        if zero and grey and degeneracy is not None and slide.fits < cfg.min_structure_fitness:
             return (f"not trusted: zero motion ({moved:.2f} m) where the geometry hardly constrains "
                     f"{degeneracy.describe()} (weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}), "
                     f"and only {slide.fits:.2f} of the {slide.structures} voxels of structure that would show a motion "
@@ -1382,6 +1426,25 @@ def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     moved = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
     dist, _ = tgt.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     return float(np.mean(dist < cfg.inlier_distance))
+
+
+def seen_through_of(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> FreeSpace:
+    """Where ``T`` (local frames) lays the source's voxels off the ground (``off_ground``: the
+    ground's rings lie on the target's ground at grazing angles, where a few centimetres of height
+    are metres along the ray) against the target sensor's view (``s2h_ros.free_space``)."""
+    structure = off_ground(src, cfg)
+    moved = geometry.apply_transform(T, src.xyz[structure].astype(np.float64)) + tgt.origin  # target's input frame
+    return free_space(moved, tgt.range_image(), cfg.inlier_distance)
+
+
+def _free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig) -> str:
+    """The refusal message of a result that lays more than ``max_free_space`` of its seen structure
+    where the target's sensor saw through ("" when it does not)."""
+    if seen.seen < MIN_STRUCTURE_VOXELS or seen.through <= cfg.max_free_space:
+        return ""
+    return (f"not trusted: {seen.through:.2f} of the {seen.seen} voxels off the ground that it lays in the target "
+            f"sensor's view lie where that sensor saw through them (need at most {cfg.max_free_space:.2f}): "
+            "the scene does not fit")
 
 
 def off_ground(cloud: "PreparedCloud", cfg: RegistrationConfig) -> np.ndarray:

@@ -317,7 +317,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted():
     # clearly better elsewhere along it.
     assert not result.success and result.message.startswith("degenerate: a slide along"), result.message
     assert result.slide.gain >= reg.config.slide_margin
-    no_slide = reg.config.replace(weak_constraint=0.0)
+    no_slide = reg.config.replace(weak_constraint=0.0, max_free_space=0.0)  # free space: 0.09 seen through
     off_ground = Registrar(no_slide).register(src, tgt)
     assert not off_ground.success and "off the ground" in off_ground.message, off_ground.message
     unchecked_reg = Registrar(no_slide.replace(min_structure_fitness=0.0, max_repetition=0.0))
@@ -366,6 +366,41 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 10.0
 
 
+def test_a_result_the_ground_carries_where_the_geometry_is_weak_is_not_trusted():
+    """Held-out world 94 (found by a held-out matrix, base seed 1129), Livox in a parking lot, a
+    pair 13.6 m apart turned by 43.5 deg, whose clouds share nothing at the truth: the global
+    search lays the ground on the ground and rows of cars on rows running the same way, 93 deg /
+    7.8 m off. Its fitness (0.59), 31 inlier matches, slide evidence and repetition all pass; its
+    weakest constraint is in the grey zone (below weak_constraint). What refuses it: there the
+    voxels off the ground must fit as at zero motion (0.33 do, need min_structure_fitness 0.5);
+    and the free-space test (max_free_space). Without the two the wrong pose is trusted."""
+    from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
+    from s2h_ros.datasets.types import turned_pair
+    from s2h_ros.pipeline import structure_fitness
+
+    drawn = synthetic_pairs(10, 94, sensor="livox", family="parking_lot", min_distance=10.0, max_distance=20.0)[1]
+    pair = turned_pair(drawn, -43.54488676974795)
+    reg = Registrar(RegistrationConfig())
+    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    result = reg.register(src, tgt)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert re > 45.0 and te > 5.0, (re, te)  # wrong
+    assert result.fitness >= reg.config.min_fitness and result.num_inliers >= reg.config.min_inliers
+    assert result.degeneracy.eigenvalue < reg.config.weak_constraint
+    assert result.degeneracy.eigenvalue >= reg.config.min_constraint
+    assert not result.success and "off the ground fit" in result.message, result.message
+    assert result.structure_fit < reg.config.min_structure_fitness
+    local = geometry.shift_transform(pair.T_gt, -src.origin, -tgt.origin)
+    assert structure_fitness(src, tgt, local, reg.config) < 0.1  # nothing in common at the truth
+    # The free-space test refuses it on its own: a third of the structure it lays in the target
+    # sensor's view lies where that sensor's rays passed.
+    seen_through = Registrar(RegistrationConfig(min_structure_fitness=0.0)).register(src, tgt)
+    assert not seen_through.success and "saw through" in seen_through.message, seen_through.message
+    assert seen_through.free_space.through > 0.3
+    unchecked = Registrar(RegistrationConfig(min_structure_fitness=0.0, max_free_space=0.0)).register(src, tgt)
+    assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 5.0
+
+
 def test_a_highway_pair_turned_around_is_not_trusted_beside_the_right_heading():
     """Held-out world 385 (found by a held-out matrix), HDL-32 on a highway, a pair 14 m apart: the
     straight road between two guardrails fits the scan turned around. The right heading (118
@@ -405,7 +440,9 @@ def test_a_parking_lot_pair_turned_by_a_quarter_is_not_trusted_beside_the_right_
     from s2h_ros.datasets.types import turned_pairs
 
     pair = next(iter(turned_pairs(synthetic_pairs(8, 1514, sensor="hdl64", family="parking_lot"), 0.0, 180.0, 1514)))
-    reg = Registrar(RegistrationConfig())
+    # The free-space test refuses it too (0.09 of its structure where the target's rays passed):
+    # off here, so that the rival test is what is shown.
+    reg = Registrar(RegistrationConfig(max_free_space=0.0))
     src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
     result = reg.register(src, tgt)
     assert geometry.transform_errors(result.transform, pair.T_gt)[1] > 10.0 and result.fitness >= 0.5
@@ -449,7 +486,8 @@ def test_a_scan_of_another_world_fitting_below_min_fitness_is_not_trusted_off_th
     """Development worlds 1506 and 1507, OS1-64 in two parking lots: the other world's rows of cars
     and its ground fit 0.39 of the source voxels with about 150 inlier matches, and a fitness
     threshold of 0.3 would trust it; off the ground only about 0.3 fit, under
-    ``low_fitness_structure``: refused, and the message says how much fits off the ground."""
+    ``low_fitness_structure``: refused, and the message says how much fits off the ground. The
+    free-space test would refuse it on its own."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
 
@@ -462,7 +500,12 @@ def test_a_scan_of_another_world_fitting_below_min_fitness_is_not_trusted_off_th
     assert not result.success and result.num_inliers >= 100
     assert cfg.low_fitness_floor <= result.fitness < cfg.min_fitness
     assert result.structure_fit < cfg.low_fitness_structure and "off the ground" in result.message, result.message
-    assert Registrar(cfg.replace(min_fitness=0.3, low_fitness_floor=0.0)).register(src, tgt).success
+    # A fitness threshold of 0.3 alone: the free-space test still refuses it (about a quarter of
+    # its structure lies where the target's rays passed); without that test too, trusted.
+    loose = cfg.replace(min_fitness=0.3, low_fitness_floor=0.0)
+    seen_through = Registrar(loose).register(src, tgt)
+    assert not seen_through.success and seen_through.free_space.through > 0.15, seen_through.message
+    assert Registrar(loose.replace(max_free_space=0.0)).register(src, tgt).success
 
 
 def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_of_the_matches():
