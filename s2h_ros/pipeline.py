@@ -43,9 +43,9 @@ from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.io import points_shape_problem
 from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence,
                                  weakest_direction)
+from s2h_ros.free_space import FreeSpace, free_space, range_image
 from s2h_ros.gravity import ground_up, levelling_rotation
 from s2h_ros.hash_grid import DeviceIndex
-from s2h_ros.free_space import FreeSpace, free_space, range_image
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
@@ -87,7 +87,7 @@ class PreparedCloud:
     _planarity: np.ndarray | None = field(default=None, repr=False)
     _tree: object = field(default=None, repr=False)
     _range_image: np.ndarray | None = field(default=None, repr=False)
-    # Guards the three above: a keyframe's are computed on a helper thread (``warm``) while the
+    # Guards the four above: a keyframe's are computed on a helper thread (``warm``) while the
     # worker may already ask for them; the worker then waits for the one in progress.
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -251,7 +251,7 @@ class RegistrationResult:
     slide: SlideEvidence | None = None
     # The fraction of the source voxels off the ground within inlier_distance (structure_fitness),
     # where it was asked: a result below min_fitness (trusted only with low_fitness_structure of
-    # it) or a global search's result at zero motion; None elsewhere.
+    # it) or a global search's result at zero motion or below weak_constraint; None elsewhere.
     structure_fit: float | None = None
     # Of the source voxels off the ground that a global search's result lays in directions the
     # target's sensor saw, the fraction where its rays passed (s2h_ros.free_space); None where not
@@ -1044,7 +1044,7 @@ class Registrar:
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         if success and structure:
             message, structure_fit = self._structure_doubt(src, tgt, T, transform, fitness, timer, slide,
-                                                             degeneracy, structure_fit)
+                                                           degeneracy, structure_fit)
             success = not message
         seen_through = None
         if success and structure and cfg.max_free_space > 0:
