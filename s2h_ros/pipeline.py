@@ -1417,13 +1417,14 @@ def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     A scan's ground is a pattern the sensor draws around itself (rings of a spinning lidar, the
     rosette of a Livox), the same in every scan, so a wrong result at zero motion aligns it and can
     reach ``min_fitness`` on the ground alone (held-out Livox pair 15.6 m apart: fitness 0.51,
-    off the ground 0.38). The pattern supports only zero motion, so only such results are asked:
-    off the ground, right results of moving sensors ranged 0.43-0.75 (one HDL-64 pair 0.43 at
-    fitness 0.51: a threshold on every result would have refused it), a scan against itself 1.0."""
-    structure = off_ground(src, cfg)
+    off the ground 0.38). So it is asked where the fitness cannot tell: at zero motion, below
+    ``weak_constraint`` (``Registrar._structure_doubt``) and below ``min_fitness``
+    (``low_fitness_floor``); off the ground, right results of moving sensors ranged 0.43-0.75 (one
+    HDL-64 pair 0.43 at fitness 0.51: a threshold on every result would have refused it), a scan
+    against itself 1.0."""
+    structure, moved = moved_off_ground(src, T, cfg)
     if int(structure.sum()) < MIN_STRUCTURE_VOXELS:
         return None
-    moved = geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
     dist, _ = tgt.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
     return float(np.mean(dist < cfg.inlier_distance))
 
@@ -1432,9 +1433,8 @@ def seen_through_of(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, c
     """Where ``T`` (local frames) lays the source's voxels off the ground (``off_ground``: the
     ground's rings lie on the target's ground at grazing angles, where a few centimetres of height
     are metres along the ray) against the target sensor's view (``s2h_ros.free_space``)."""
-    structure = off_ground(src, cfg)
-    moved = geometry.apply_transform(T, src.xyz[structure].astype(np.float64)) + tgt.origin  # target's input frame
-    return free_space(moved, tgt.range_image(), cfg.inlier_distance)
+    _, moved = moved_off_ground(src, T, cfg)
+    return free_space(moved + tgt.origin, tgt.range_image(), cfg.inlier_distance)  # the target's input frame
 
 
 def _free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig) -> str:
@@ -1454,6 +1454,13 @@ def off_ground(cloud: "PreparedCloud", cfg: RegistrationConfig) -> np.ndarray:
     return np.abs(cloud.normals(cfg.voxel_size) @ cloud.up()) < 0.9
 
 
+def moved_off_ground(src: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``off_ground(src)`` ``(N,)`` bool and those voxels moved by ``T`` (local frames) into the
+    target's local frame, ``(K, 3)`` float64: what the tests of a result's structure ask."""
+    structure = off_ground(src, cfg)
+    return structure, geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
+
+
 # A repeated structure's copies are looked for this many inlier distances sideways: from just
 # beyond the result's own peak (0.5 m at the indoor 0.1 m) to a few periods of a pallet-rack bay
 # (2.4-2.9 m) or a row of racks with its aisle (about 4-4.7 m) indoors (5 m), 30 m outdoors.
@@ -1467,8 +1474,8 @@ def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     when its features were levelled (a tilted sensor's x, y would lift a slide out of the plane)."""
     lo, hi = REPETITION_SHIFT_DISTANCES
     d = cfg.inlier_distance
-    structure = off_ground(src, cfg)
-    aligned = tgt.feature_frame(geometry.apply_transform(T, src.xyz[structure].astype(np.float64)))
+    structure, moved = moved_off_ground(src, T, cfg)
+    aligned = tgt.feature_frame(moved)
     normals = tgt.feature_frame(src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T)
     if tgt.level is None:
         return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.spatial_index())
