@@ -346,10 +346,12 @@ SLIDE_MOVES = 3
 RIVAL_HEADING_DEG = 45.0
 
 
-def low_fitness(fitness: float, cfg: RegistrationConfig) -> bool:
-    """Whether a result's ``fitness`` lies in the band [``low_fitness_floor``, ``min_fitness``)
-    where the off-ground structure decides (``low_fitness_structure``; ``RegistrationConfig``)."""
-    return 0 < cfg.low_fitness_floor <= fitness < cfg.min_fitness
+def low_fitness(fitness: float, cfg: RegistrationConfig, overlap: float | None = None) -> bool:
+    """Whether a result's ``fitness`` lies below ``min_fitness`` with its ``overlap`` (the fitness
+    itself, or ``mutual_fitness``) at or above ``low_fitness_floor``: the band where the off-ground
+    structure decides (``low_fitness_structure``; ``RegistrationConfig``)."""
+    overlap = fitness if overlap is None else overlap
+    return 0 < cfg.low_fitness_floor <= overlap and fitness < cfg.min_fitness and cfg.low_fitness_floor < cfg.min_fitness
 
 
 def _better(candidate: RegistrationResult, current: RegistrationResult) -> bool:
@@ -1029,7 +1031,7 @@ class Registrar:
         success, structure_fit = False, None
         if not message:
             message, structure_fit = self._support_doubt(src, tgt, T, n_inl, fitness, require_inliers and not slid,
-                                                         timer)
+                                                         timer, degeneracy, free_space_backed=structure and cfg.max_free_space > 0)
             success = not message
         if success and degeneracy.eigenvalue < cfg.min_constraint:
             success = False
@@ -1081,30 +1083,78 @@ class Registrar:
         )
 
     def _support_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: int, fitness: float,
-                       require_inliers: bool, timer: _Timer) -> tuple[str, float | None]:
+                       require_inliers: bool, timer: _Timer, degeneracy: Degeneracy,
+                       free_space_backed: bool = False) -> tuple[str, float | None]:
         """How much of the scan supports ``T`` (local frames): ``min_inliers`` inlier matches (when
         ``require_inliers``) and ``min_fitness``, or, for a fitness in the band of ``low_fitness``,
         ``low_fitness_structure`` of the voxels off the ground (``structure_fitness``). The refusal
-        message ("" when supported) and the off-ground fitness where it was measured.
+        message ("" when supported) and the source's off-ground fitness where it was measured.
 
         A sparse sensor's rings meet the ground at other places from each pose, so its right
         results fit 0.3-0.5; the ground also fits almost any level pose, lifting wrong results to
         the same band. Off the ground neither happens (development worlds: right 0.38-0.85, wrong
-        0.14-0.37 in that band; docs/reliability.md)."""
+        0.14-0.37 in that band; docs/reliability.md).
+
+        ``free_space_backed``: a global search's result, which the free-space test judges after
+        this one. Two more ways in, both with that test behind them:
+
+        - Below ``min_fitness``, both ways are asked (``mutual_fitness``, and the target's structure
+          against the source). The fitness counts the source's voxels near the target's, so it is
+          capped by how densely the target sampled the scene and how much of the source's view the
+          target saw: a dense sensor against a sparse one (OS1-128 against VLP-16) or a narrow view
+          against a wide one (a Livox's 70 deg cone) fits one way only at the truth (development
+          matrix, base seed 1128, OS1-128 against VLP-16: 0.27-0.51 forward, 0.52-0.86 back; off
+          the ground 0.30-0.57 and 0.55-0.90). The way back has its own risk: a dense source
+          covers so much space that a sparse target's structure fits it by chance up to about 0.45
+          (another world's scan, development), and the free-space test refuses those (0.38).
+        - Below ``min_inliers``, down to ``few_inliers_floor`` (``_few_inliers_suffice``), with
+          ``min_structure_fitness`` off the ground: a sparse source's features match a dense
+          target's few times (matrix base seed 1130, studied since: VLP-16 against OS1-128, 11-27
+          inlier matches at fitness 0.76-0.81, right); the wrong results there with 3-28 matches
+          and fitness 0.5 or more were slides along highways and a parking lot, below
+          ``min_constraint``."""
         cfg = self.config
         enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
         if enough_inliers and fitness >= cfg.min_fitness:
             return "", None
-        structure_fit = None
-        if enough_inliers and low_fitness(fitness, cfg):
+        if not enough_inliers and free_space_backed and self._few_inliers_suffice(n_inl, fitness, degeneracy):
             with timer.stage("verify"):
                 structure_fit = structure_fitness(src, tgt, T, cfg)
-            if structure_fit is not None and structure_fit >= cfg.low_fitness_structure:
+            if structure_fit is not None and structure_fit >= cfg.min_structure_fitness:
                 return "", structure_fit
-        off = "" if structure_fit is None else (f", {structure_fit:.2f} off the ground (need "
-                                                f"{cfg.low_fitness_structure:.2f} below fitness {cfg.min_fitness:.2f})")
+            return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}, or "
+                    f"{cfg.few_inliers_floor} with {cfg.min_structure_fitness:.2f} of the voxels off the ground "
+                    f"fitting: {_share(structure_fit)})"), structure_fit
+        structure_fit = structure_back = overlap = None
+        if enough_inliers:
+            with timer.stage("verify"):
+                overlap = mutual_fitness(src, tgt, T, cfg, fitness) if free_space_backed else fitness
+                if low_fitness(fitness, cfg, overlap):
+                    structure_fit = structure_fitness(src, tgt, T, cfg)
+                    if free_space_backed and (structure_fit is None or structure_fit < cfg.low_fitness_structure):
+                        structure_back = structure_fitness(tgt, src, np.linalg.inv(T), cfg)
+            if max(structure_fit or 0.0, structure_back or 0.0) >= cfg.low_fitness_structure:
+                return "", structure_fit
+        either, off = "", ""
+        if free_space_backed and overlap is not None:
+            either = f", {overlap:.2f} the better way"
+            if structure_fit is not None or structure_back is not None:
+                off = (f"; off the ground {_share(structure_fit)} of the source's voxels and {_share(structure_back)} "
+                       f"of the target's fit (need {cfg.low_fitness_structure:.2f} either way below fitness "
+                       f"{cfg.min_fitness:.2f})")
+        elif structure_fit is not None:
+            off = (f", {structure_fit:.2f} off the ground (need {cfg.low_fitness_structure:.2f} below fitness "
+                   f"{cfg.min_fitness:.2f})")
         return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
-                f"fitness {fitness:.2f} (need {cfg.min_fitness:.2f}){off}"), structure_fit
+                f"fitness {fitness:.2f}{either} (need {cfg.min_fitness:.2f}){off}"), structure_fit
+
+    def _few_inliers_suffice(self, n_inl: int, fitness: float, degeneracy: Degeneracy) -> bool:
+        """Whether a result with fewer than ``min_inliers`` inlier matches may stand on its
+        structure instead (``_support_doubt``): at least ``few_inliers_floor`` of them, fitness
+        ``min_fitness``, weakest constraint at least ``weak_constraint``."""
+        cfg = self.config
+        return (0 < cfg.few_inliers_floor <= n_inl < cfg.min_inliers and fitness >= cfg.min_fitness
+                and degeneracy.eigenvalue >= cfg.weak_constraint)
 
     def _structure_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
                          fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
@@ -1403,6 +1453,20 @@ def verify(
         mask = np.zeros(0, bool)
     nn_dist = nearest.distance
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
+
+
+def _share(fraction: float | None) -> str:
+    """A fraction for a message, "-" where it was not measured (too few voxels)."""
+    return "-" if fraction is None else f"{fraction:.2f}"
+
+
+def mutual_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig,
+                   fitness: float) -> float:
+    """The larger of ``fitness`` (the source's voxels within ``inlier_distance`` of the target's
+    after ``T``, local frames) and the same of the target's voxels against the source moved by
+    ``T``: the overlap seen from the cloud that the other covers better (``Registrar._support_doubt``)."""
+    back = nearest_voxels(tgt.xyz, np.linalg.inv(T), src.spatial_index(), cfg.inlier_distance)
+    return max(fitness, float(np.mean(back.distance < cfg.inlier_distance)))
 
 
 # Fewer off-ground voxels than this: structure_fitness says nothing (an open field; the degeneracy

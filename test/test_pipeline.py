@@ -482,6 +482,74 @@ def test_a_sparse_pair_below_min_fitness_is_trusted_when_its_structure_off_the_g
     assert f"(need {cfg.min_fitness:.2f})" in refused.message
 
 
+def test_a_dense_scan_against_a_sparse_one_is_trusted_when_the_sparse_structure_fits_it():
+    """Development world 1520, a town: an OS1-128 scan against a VLP-16 scan 13.4 m away, turned by
+    138 deg. The 128 rings lay four times the voxels of the 16 (30,000 against 6,957), most of
+    them between the target's rings, so the right result fits 0.38 of the source's voxels and 0.44
+    of those off the ground: refused until both ways were asked. The target's voxels fit the
+    source far better (``mutual_fitness`` 0.78; off the ground 0.81): trusted. The reverse is asked
+    only with the free-space test behind it (here 0.003 seen through): with ``max_free_space`` 0,
+    refused."""
+    from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
+    from s2h_ros.datasets.types import turned_pairs
+
+    drawn = synthetic_pairs(4, 1520, sensor="os1_128", target_sensor="vlp16", family="town")
+    pair = list(turned_pairs(drawn, 0.0, 180.0, 1520))[1]
+    reg = Registrar(RegistrationConfig())
+    cfg = reg.config
+    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    result = reg.register(src, tgt)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert result.success and re < 1.0 and te < 0.1, (result.message, re, te)
+    assert result.fitness < cfg.min_fitness and result.structure_fit < cfg.low_fitness_structure
+    local = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+    assert pipeline.mutual_fitness(src, tgt, local, cfg, result.fitness) >= cfg.min_fitness
+    assert pipeline.structure_fitness(tgt, src, np.linalg.inv(local), cfg) >= cfg.low_fitness_structure
+    one_way = Registrar(cfg.replace(max_free_space=0.0)).register(src, tgt)
+    assert not one_way.success and "off the ground (need" in one_way.message, one_way.message
+
+
+def test_a_sparse_scan_against_a_dense_one_is_trusted_on_few_matches_when_its_structure_fits():
+    """Development world 1522, a suburb: a VLP-16 scan against an OS1-128 scan 12.3 m away. The
+    16-ring features match the 128-ring ones rarely: 23 inlier matches of 531, below
+    ``min_inliers``. The result fits 0.72 of the source's voxels, 0.78 off the ground, is well
+    constrained (weakest 0.19) and lays almost nothing where the target saw through (0.001):
+    trusted, within 0.1 deg and 1 cm. With ``few_inliers_floor`` 0, refused for its matches."""
+    from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
+    from s2h_ros.datasets.types import turned_pairs
+
+    drawn = synthetic_pairs(6, 1522, sensor="vlp16", target_sensor="os1_128", family="suburban")
+    pair = list(turned_pairs(drawn, 0.0, 180.0, 1522))[5]
+    reg = Registrar(RegistrationConfig())
+    cfg = reg.config
+    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    result = reg.register(src, tgt)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert result.success and re < 1.0 and te < 0.1, (result.message, re, te)
+    assert cfg.few_inliers_floor <= result.num_inliers < cfg.min_inliers
+    assert result.structure_fit >= cfg.min_structure_fitness
+    assert result.free_space.through <= cfg.max_free_space
+    refused = Registrar(cfg.replace(few_inliers_floor=0)).register(src, tgt)
+    assert not refused.success and f"(need {cfg.min_inliers})" in refused.message, refused.message
+
+
+def test_few_matches_suffice_only_above_the_floor_at_min_fitness_clear_of_the_grey_zone():
+    from s2h_ros.degeneracy import Degeneracy
+
+    cfg = RegistrationConfig()
+    reg = Registrar(cfg)
+
+    def weakest(eigenvalue):
+        return Degeneracy(eigenvalue, np.eye(6)[0], np.full(3, eigenvalue), 1000)
+
+    clear = weakest(cfg.weak_constraint)
+    assert reg._few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness, clear)
+    assert not reg._few_inliers_suffice(cfg.few_inliers_floor - 1, cfg.min_fitness, clear)
+    assert not reg._few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness - 0.01, clear)
+    assert not reg._few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness, weakest(cfg.weak_constraint * 0.9))
+    assert not Registrar(cfg.replace(few_inliers_floor=0))._few_inliers_suffice(20, 0.8, clear)  # off
+
+
 def test_a_scan_of_another_world_fitting_below_min_fitness_is_not_trusted_off_the_ground():
     """Development worlds 1506 and 1507, OS1-64 in two parking lots: the other world's rows of cars
     and its ground fit 0.39 of the source voxels with about 150 inlier matches, and a fitness
