@@ -351,7 +351,8 @@ def low_fitness(fitness: float, cfg: RegistrationConfig, overlap: float | None =
     itself, or ``mutual_fitness``) at or above ``low_fitness_floor``: the band where the off-ground
     structure decides (``low_fitness_structure``; ``RegistrationConfig``)."""
     overlap = fitness if overlap is None else overlap
-    return 0 < cfg.low_fitness_floor <= overlap and fitness < cfg.min_fitness and cfg.low_fitness_floor < cfg.min_fitness
+    band_open = 0 < cfg.low_fitness_floor < cfg.min_fitness
+    return band_open and overlap >= cfg.low_fitness_floor and fitness < cfg.min_fitness
 
 
 def _better(candidate: RegistrationResult, current: RegistrationResult) -> bool:
@@ -1030,8 +1031,9 @@ class Registrar:
         inlier_ratio = n_inl / max(len(pairs), 1)
         success, structure_fit = False, None
         if not message:
+            backed = structure and cfg.max_free_space > 0  # the free-space test judges it after
             message, structure_fit = self._support_doubt(src, tgt, T, n_inl, fitness, require_inliers and not slid,
-                                                         timer, degeneracy, free_space_backed=structure and cfg.max_free_space > 0)
+                                                         timer, degeneracy, free_space_backed=backed)
             success = not message
         if success and degeneracy.eigenvalue < cfg.min_constraint:
             success = False

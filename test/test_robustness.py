@@ -29,9 +29,11 @@ MALFORMED = "^failed: malformed PointCloud2: "
 TOO_FEW = r"^failed: bad scan: {} finite points \(need 100\), no TF" + NEXT_TRUSTED
 # below min_fitness, from low_fitness_floor up: how much fits off the ground too (a global search's
 # result: both ways, the source's voxels against the target's and back)
-NOT_TRUSTED = (r"^failed: not trusted: \d+ inlier correspondences \(need 30\), fitness 0\.\d+(, 0\.\d+ the better way)? "
-               r"\(need 0\.50\)(, 0\.\d+ off the ground \(need 0\.45 below fitness 0\.50\)|; off the ground (0\.\d+|-) of "
-               r"the source's voxels and (0\.\d+|-) of the target's fit \(need 0\.45 either way below fitness 0\.50\))?, no TF")
+NOT_TRUSTED = (r"^failed: not trusted: \d+ inlier correspondences \(need 30\), fitness 0\.\d+"
+               r"(, 0\.\d+ the better way)? \(need 0\.50\)"
+               r"(, 0\.\d+ off the ground \(need 0\.45 below fitness 0\.50\)"
+               r"|; off the ground (0\.\d+|-) of the source's voxels and (0\.\d+|-) of the target's fit "
+               r"\(need 0\.45 either way below fitness 0\.50\))?, no TF")
 
 # The outcome of each node case (the bench's table text), in the catalogue's order.
 NODE_OUTCOMES = {
@@ -76,10 +78,11 @@ NODE_OUTCOMES = {
     "stamp_loop_back_50s": r"^trusted \[time_reset\], TF x1; then 2 of 2 trusted, worst \d cm / 0\.\d deg, TF for 2$",
     "motion_zero": r"^3 of 3 trusted, worst 0 cm / 0\.0 deg, TF for 3" + NEXT_TRUSTED,
     "motion_gap_10s": r"^trusted \[relocalised\], TF x1, \d cm / 0\.\d deg off$",
-    "motion_teleport": r"^4\d m: failed: not (trusted|reproduced): .*, no TF; 4\d m: failed: (not trusted|ambiguous): .*, "
-                       r"no TF; 4\d m: failed: tracking lost \(not (trusted|reproduced): .*\); no kept keyframe matches: segment \d+ starts at the last "
-                       r"trusted pose, .* \[new_segment\], no TF; 4\d m: trusted, TF x1; 4\d m: trusted, TF x1, \d cm / "
-                       r"0\.\d deg off$",
+    "motion_teleport": r"^4\d m: failed: not (trusted|reproduced): .*, no TF; "
+                       r"4\d m: failed: (not trusted|ambiguous): .*, no TF; "
+                       r"4\d m: failed: tracking lost \(not (trusted|reproduced): .*\); no kept keyframe matches: "
+                       r"segment \d+ starts at the last trusted pose, .* \[new_segment\], no TF; "
+                       r"4\d m: trusted, TF x1; 4\d m: trusted, TF x1, \d cm / 0\.\d deg off$",
     "motion_very_fast": r"^2 of 2 trusted, worst \d cm / 0\.\d deg, TF for 2" + NEXT_TRUSTED,
     "scene_noise": NOT_TRUSTED + NEXT_TRUSTED,
     "scene_other_world": NOT_TRUSTED + NEXT_TRUSTED,
