@@ -84,15 +84,18 @@ def kitti_reference():
 def test_a_pair_from_tilted_sensors_registers_through_levelled_features(kitti_reference):
     """The real pair with the source tilted 40 deg and the target 35 deg about other axes (a
     handheld rig, a robot on a ramp): features of the clouds as given keep too few matches to
-    trust anything; levelled, the pair lands within 0.3 deg / 5 cm of the level pair's result,
-    trusted, and the result says by how much each cloud was levelled."""
+    trust on the matches (29 inlier matches of 1300, against about 8000 levelled; with
+    ``few_inliers_floor`` the structure they land on would vouch for them); levelled, the pair
+    lands within 0.3 deg / 5 cm of the level pair's result, trusted, and the result says by how
+    much each cloud was levelled."""
     src, tgt, reference = kitti_reference
     Rs, Rt = _tilt(40.0, 20.0), _tilt(35.0, 200.0)
     tilted_src = (src.astype(np.float64) @ Rs.T).astype(np.float32)
     tilted_tgt = (tgt.astype(np.float64) @ Rt.T).astype(np.float32)
     truth = geometry.make_transform(Rt, np.zeros(3)) @ reference @ geometry.make_transform(Rs.T, np.zeros(3))
     levelled = Registrar().register(tilted_src, tilted_tgt)
-    as_given = Registrar(RegistrationConfig(level_above_deg=90.0)).register(tilted_src, tilted_tgt)
+    as_given = Registrar(RegistrationConfig(level_above_deg=90.0, few_inliers_floor=0)).register(tilted_src,
+                                                                                             tilted_tgt)
     re, te = geometry.transform_errors(levelled.transform, truth)
     assert levelled.success and re < 0.3 and te < 0.05, (levelled.message, re, te)
     assert levelled.levelled_deg[0] == pytest.approx(40.0, abs=2.0)
