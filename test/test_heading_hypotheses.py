@@ -34,15 +34,17 @@ def test_real_kitti_loop_pair_at_148_deg_matches_through_the_turned_source(loop_
 
 def test_held_out_pair_turned_150_deg_is_untrusted_as_given_and_found_with_hypotheses():
     """A simulated VLP-32 pair of a held-out world (seed 31), its source turned by 150 deg: as given
-    too few matches survive to trust anything; the hypothesis that brings the turn within +-45
-    deg is trusted, with several times the inlier matches."""
+    too few matches survive to trust anything on them (21 inlier matches of 2969; the structure
+    they land on, the truth, would vouch for them with ``few_inliers_floor``, off here); the
+    hypothesis that brings the turn within +-45 deg is trusted, with several times the inlier
+    matches."""
     from s2h_ros.datasets.synthetic import synthetic_pairs
 
     pair = synthetic_pairs(1, 31, sensor="vlp32")[0]
     turn = geometry.yaw_transform(150.0)
     source = geometry.apply_transform(turn, pair.source[:, :3].astype(np.float64)).astype(np.float32)
     T_gt = pair.T_gt @ np.linalg.inv(turn)
-    given = Registrar(RegistrationConfig(heading_hypotheses=1)).register(source, pair.target)
+    given = Registrar(RegistrationConfig(heading_hypotheses=1, few_inliers_floor=0)).register(source, pair.target)
     found = Registrar(RegistrationConfig(heading_hypotheses=4)).register(source, pair.target)
     re, te = geometry.transform_errors(found.transform, T_gt)
     assert not given.success
