@@ -460,20 +460,28 @@ def test_the_structure_off_the_ground_is_asked_only_between_the_floor_and_min_fi
     assert not pipeline.low_fitness(0.55, cfg.replace(low_fitness_floor=0.6))  # a floor above min_fitness: off
 
 
-def test_a_sparse_pair_below_min_fitness_is_trusted_when_its_structure_off_the_ground_fits():
-    """Development world 1510, VLP-16 in a suburb, a pair 16 m apart: the 16 rings sample the
-    ground differently from each pose, so the right result fits only 0.36 of the source voxels;
-    off the ground (walls, cars, trees) 0.56 fit, over ``low_fitness_structure``: trusted. With the
-    rule off (``low_fitness_floor`` 0) the pair is refused for its fitness."""
+def _registered_right(world: int, count: int, index: int, **draw):
+    """Pair ``index`` of ``count`` drawn from ``world`` (``synthetic_pairs`` keywords in ``draw``),
+    turned to any heading, registered with the defaults: asserts it trusted within 1 deg / 10 cm
+    and returns the registrar, the prepared clouds and the result."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
 
-    pair = list(turned_pairs(synthetic_pairs(8, 1510, sensor="vlp16", family="suburban"), 0.0, 180.0, 1510))[1]
+    pair = list(turned_pairs(synthetic_pairs(count, world, **draw), 0.0, 180.0, world))[index]
     reg = Registrar(RegistrationConfig())
     src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert result.success and re < 1.0 and te < 0.1, (result.message, re, te)
+    return reg, src, tgt, result
+
+
+def test_a_sparse_pair_below_min_fitness_is_trusted_when_its_structure_off_the_ground_fits():
+    """Development world 1510, VLP-16 in a suburb, a pair 16 m apart: the 16 rings sample the
+    ground differently from each pose, so the right result fits only 0.36 of the source voxels;
+    off the ground (walls, cars, trees) 0.56 fit, over ``low_fitness_structure``: trusted. With the
+    rule off (``low_fitness_floor`` 0) the pair is refused for its fitness."""
+    reg, src, tgt, result = _registered_right(1510, 8, 1, sensor="vlp16", family="suburban")
     cfg = reg.config
     assert cfg.low_fitness_floor <= result.fitness < cfg.min_fitness
     assert result.structure_fit >= cfg.low_fitness_structure
@@ -490,17 +498,8 @@ def test_a_dense_scan_against_a_sparse_one_is_trusted_when_the_sparse_structure_
     source far better (``mutual_fitness`` 0.78; off the ground 0.81): trusted. The reverse is asked
     only with the free-space test behind it (here 0.003 seen through): with ``max_free_space`` 0,
     refused."""
-    from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
-    from s2h_ros.datasets.types import turned_pairs
-
-    drawn = synthetic_pairs(4, 1520, sensor="os1_128", target_sensor="vlp16", family="town")
-    pair = list(turned_pairs(drawn, 0.0, 180.0, 1520))[1]
-    reg = Registrar(RegistrationConfig())
+    reg, src, tgt, result = _registered_right(1520, 4, 1, sensor="os1_128", target_sensor="vlp16", family="town")
     cfg = reg.config
-    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
-    result = reg.register(src, tgt)
-    re, te = geometry.transform_errors(result.transform, pair.T_gt)
-    assert result.success and re < 1.0 and te < 0.1, (result.message, re, te)
     assert result.fitness < cfg.min_fitness and result.structure_fit < cfg.low_fitness_structure
     local = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
     assert pipeline.mutual_fitness(src, tgt, local, cfg, result.fitness) >= cfg.min_fitness
@@ -515,17 +514,9 @@ def test_a_sparse_scan_against_a_dense_one_is_trusted_on_few_matches_when_its_st
     ``min_inliers``. The result fits 0.72 of the source's voxels, 0.78 off the ground, is well
     constrained (weakest 0.19) and lays almost nothing where the target saw through (0.001):
     trusted, within 0.1 deg and 1 cm. With ``few_inliers_floor`` 0, refused for its matches."""
-    from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
-    from s2h_ros.datasets.types import turned_pairs
-
-    drawn = synthetic_pairs(6, 1522, sensor="vlp16", target_sensor="os1_128", family="suburban")
-    pair = list(turned_pairs(drawn, 0.0, 180.0, 1522))[5]
-    reg = Registrar(RegistrationConfig())
+    reg, src, tgt, result = _registered_right(1522, 6, 5, sensor="vlp16", target_sensor="os1_128",
+                                              family="suburban")
     cfg = reg.config
-    src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
-    result = reg.register(src, tgt)
-    re, te = geometry.transform_errors(result.transform, pair.T_gt)
-    assert result.success and re < 1.0 and te < 0.1, (result.message, re, te)
     assert cfg.few_inliers_floor <= result.num_inliers < cfg.min_inliers
     assert result.structure_fit >= cfg.min_structure_fitness
     assert result.free_space.through <= cfg.max_free_space
