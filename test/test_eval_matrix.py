@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from s2h_ros.commands.eval import MATRIX_DEFAULTS
+from s2h_ros.datasets.types import PointCloudPair, overlap_fractions, overlap_ratio
 from s2h_ros.evaluation import matrix as mx
 from s2h_ros.evaluation.harness import run_pair, truth_inliers
 from s2h_ros.evaluation.methods import MethodResult
@@ -89,10 +90,28 @@ def test_indoor_cell_pairs_lie_in_the_overlap_range_and_are_turned():
     pairs = mx.cell_pairs(cell, mx.PairSettings(n=2, turn=(90.0, 180.0)))
     assert len(pairs) == 2
     for pair in pairs:
-        assert 0.3 <= mx.overlap_ratio(pair) <= 0.6  # measured again on the turned pair
+        assert 0.3 <= overlap_ratio(pair) <= 0.6  # measured again on the turned pair
+        assert pair.meta["overlap"] <= pair.meta["shared_view"]
         assert 1.0 <= pair.meta["distance"] <= 3.0
         assert 90.0 <= abs(pair.meta["turn_deg"]) <= 180.0
         assert pair.meta["seed"] == cell.seed
+
+
+def test_overlap_fractions_tell_a_narrow_view_inside_a_wide_one_from_two_views_that_look_apart():
+    grid = np.stack(np.meshgrid(np.arange(0.0, 40.0, 0.1), np.arange(0.0, 10.0, 0.1)), -1).reshape(-1, 2)
+    wall = np.c_[grid[:, 0], np.zeros(len(grid)), grid[:, 1]].astype(np.float32)  # a 40 x 10 m wall
+    narrow = wall[wall[:, 0] < 8.0]  # the first fifth of it
+    inside = PointCloudPair(narrow, wall, np.eye(4))
+    forward, back = overlap_fractions(inside, 0.3)
+    assert forward == pytest.approx(1.0) and back == pytest.approx(0.2, abs=0.03)
+    assert overlap_ratio(inside, 0.3) == back
+    apart = PointCloudPair(narrow, wall[wall[:, 0] > 20.0], np.eye(4))
+    assert overlap_fractions(apart, 0.3) == (0.0, 0.0)
+    shifted = PointCloudPair(narrow - np.float32([20.0, 0.0, 0.0]), wall[wall[:, 0] > 20.0], np.eye(4))
+    assert overlap_fractions(shifted, 0.3) == (0.0, 0.0)  # T_gt, not the coordinates, aligns a pair
+    T = np.eye(4)
+    T[0, 3] = 30.0
+    assert overlap_fractions(PointCloudPair(narrow, wall[wall[:, 0] > 20.0], T), 0.3)[0] == pytest.approx(1.0)
 
 
 def test_truth_inliers_count_the_matches_the_true_transform_confirms():
@@ -163,6 +182,7 @@ def test_matrix_command_writes_json_markdown_heat_map_and_streamed_records(tmp_p
         assert meta["seed"] == cell["seed"] and meta["family"] == cell["family"]
         assert 10.0 <= meta["distance"] <= 20.0 and abs(meta["turn_deg"]) <= 180.0
         assert meta["sensor"] == cell["sensor"]
+        assert 0.0 <= meta["overlap"] <= meta["shared_view"] <= 1.0 and meta["shared_view"] > 0.05
     mixed = next(r for r in result["pairs"] if r["cell"] == "vlp16>hdl32/town")["meta"]
     assert (mixed["sensor"], mixed["target_sensor"]) == ("vlp16", "hdl32")
     assert set(result["summary"]) == set(keys)
@@ -218,6 +238,30 @@ def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cel
     assert tunnel_row["s2h wrong trusted"] == "1" and tunnel_row["s2h RE (deg)"] == "-"
     assert tunnel_row["s2h RANSAC (trusted)"] == "1 (0)"
     assert "fpfh_ransac inlier frac." not in header
+
+
+def test_pairs_without_a_shared_view_are_counted_apart_from_the_recall_over_the_others():
+    cells = mx.matrix_cells(0, sensors="livox", families="town", indoor_sensors="", mixed="", real="")
+
+    def record(ok, success, shared_view):
+        return {"cell": "livox/town", "method": "s2h", "pair": "p", "re_deg": 0.1 if ok else 90.0,
+                "te_m": 0.05 if ok else 9.0, "registered": ok, "success": success, "error": None, "wall_s": 1.0,
+                "peak_rss_mb": 1.0, "cuda_peak_mb": None, "timings": {}, "info": {},
+                "meta": {"overlap": shared_view / 2, "shared_view": shared_view}}
+
+    records = [record(True, True, 0.4), record(False, False, 0.3), record(True, False, 0.2),
+               record(False, False, 0.01), record(False, False, 0.0)]
+    s = mx.summarize_matrix(cells, records)["livox/town"]["s2h"]
+    assert s["recall"] == pytest.approx(2 / 5) and s["no_view"] == 2
+    assert s["recall_in_view"] == pytest.approx(2 / 3) and s["wrong_trusted"] == 0
+    lines = mx.matrix_table(cells, {"livox/town": {"s2h": s}}, ["s2h"]).splitlines()
+    row = dict(zip([h.strip() for h in lines[0].split("|")[1:-1]], [v.strip() for v in lines[2].split("|")[1:-1]]))
+    assert (row["no shared view"], row["s2h recall (%)"], row["s2h recall, shared view (%)"]) == ("2", "40", "67")
+    stricter = mx.summarize_matrix(cells, records, min_shared_view=0.25)["livox/town"]["s2h"]
+    assert stricter["no_view"] == 3 and stricter["recall_in_view"] == pytest.approx(1 / 2)
+    only_apart = mx.summarize_matrix(cells, records[3:])["livox/town"]["s2h"]
+    assert only_apart["recall_in_view"] is None
+    assert mx.matrix_table(cells, {"livox/town": {"s2h": only_apart}}, ["s2h"]).splitlines()[2].count("| - |") >= 1
 
 
 def test_run_records_name_the_shipped_weights_each_voxel_size_loads():

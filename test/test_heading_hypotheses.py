@@ -2,6 +2,8 @@
 register() turns the source about z until a hypothesis verifies (RegistrationConfig.heading_hypotheses)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,8 @@ from s2h_ros.datasets.kitti import kitti_loop_pair
 from s2h_ros.models.checkpoint import load_registration_models
 from s2h_ros.models.fcgf import extract_features, point_features
 from s2h_ros.pipeline import Registrar
+
+RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +90,49 @@ def test_only_the_global_learned_search_turns_the_source(loop_pair):
     assert reg.headings(src, support=(torch.zeros(0), torch.zeros(0))) == [0.0]
     fpfh = Registrar(RegistrationConfig(features="fpfh"))
     assert fpfh.headings(fpfh.prepare(loop_pair.source), support=None) == [0.0]
+
+
+def test_halfway_headings_come_only_without_a_prior_with_learned_features(loop_pair):
+    reg = Registrar(RegistrationConfig())
+    src = reg.prepare(loop_pair.source)
+    assert reg.halfway_headings(src, None, None) == [135.0, 225.0, 45.0, 315.0]  # the turn-around's neighbours first
+    assert reg.halfway_headings(src, None, geometry.yaw_transform(30.0)) == []
+    assert reg.halfway_headings(src, (torch.zeros(0), torch.zeros(0)), None) == []  # tracking
+    assert Registrar(RegistrationConfig(heading_hypotheses=8)).halfway_headings(src, None, None)[:2] == [157.5, 202.5]
+    for config in (RegistrationConfig(halfway_headings=False), RegistrationConfig(heading_hypotheses=1)):
+        assert Registrar(config).halfway_headings(src, None, None) == []
+    fpfh = Registrar(RegistrationConfig(features="fpfh"))
+    assert fpfh.halfway_headings(fpfh.prepare(loop_pair.source), None, None) == []
+
+
+def _headings_tried(monkeypatch) -> list[float]:
+    tried: list[float] = []
+    turned = Registrar.turned_features
+
+    def recording(self, src, heading_deg):
+        tried.append(heading_deg)
+        return turned(self, src, heading_deg)
+
+    monkeypatch.setattr(Registrar, "turned_features", recording)
+    return tried
+
+
+def test_the_halfway_headings_are_tried_only_when_no_heading_is_trusted(loop_pair, monkeypatch):
+    """Real KITTI scans: the loop pair is trusted at 180 deg and never turned halfway; RAW KITTI 00
+    frame 0 against the loop pair's target (90 m from it, along another street) is trusted at no heading, so the
+    search tries the four halfway headings too, and still trusts nothing."""
+    tried = _headings_tried(monkeypatch)
+    found = Registrar(RegistrationConfig()).register(loop_pair.source, loop_pair.target)
+    assert found.success and found.heading_deg == 180.0
+    assert all(h % 90.0 == 0.0 for h in tried), tried
+    tried.clear()
+    elsewhere = np.fromfile(RAW_KITTI / "000000.bin", np.float32).reshape(-1, 3)
+    refused = Registrar(RegistrationConfig()).register(elsewhere, loop_pair.target)
+    assert not refused.success
+    assert sorted(tried) == [45.0, 90.0, 135.0, 180.0, 225.0, 270.0, 315.0], tried
+    tried.clear()
+    assert not Registrar(RegistrationConfig(halfway_headings=False)).register(elsewhere, loop_pair.target).success
+    assert sorted(tried) == [90.0, 180.0, 270.0], tried
 
 
 def test_turned_pair_keeps_the_ground_truth_alignment(loop_pair):

@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="indoor candidate pairs: metres apart (default 1 3)")
     matrix.add_argument("--overlap", type=float, nargs=2, metavar=("MIN", "MAX"), default=(0.3, 0.6),
                         help="indoor pairs: overlap fraction kept (default 0.3 0.6)")
+    matrix.add_argument("--min-shared-view", type=float, default=0.05, metavar="F",
+                        help="a pair whose larger overlap fraction is below F saw no common scene: it is "
+                             "counted apart (recall over the pairs with a shared view beside the recall "
+                             "over all; default 0.05)")
 
 
 # ------------------------------------------------------------------------------- data
@@ -515,7 +519,7 @@ def run_matrix(args: argparse.Namespace) -> int:
         raise SystemExit("s2h eval: the matrix has no cells")
     settings = mx.PairSettings(n=args.pairs_per_cell, distance=(args.min_distance, args.max_distance),
                                indoor_distance=tuple(args.indoor_distance), overlap=tuple(args.overlap),
-                               turn=turn if turn != (0.0, 0.0) else None)
+                               turn=turn if turn != (0.0, 0.0) else None, min_shared_view=args.min_shared_view)
     names = [m.strip() for m in (args.methods or MATRIX_METHODS).split(",") if m.strip()]
     scales = list(dict.fromkeys(c.scale for c in cells))
     methods = {scale: build_methods(names, "pairs", scale, args) for scale in scales}
@@ -541,7 +545,7 @@ def run_matrix(args: argparse.Namespace) -> int:
             except Interrupted as exc:
                 stopped = exc.signum
                 result["interrupted"] = signal_name(stopped)
-    summary = mx.summarize_matrix(cells, records)
+    summary = mx.summarize_matrix(cells, records, settings.min_shared_view)
     result.update(cells=[mx.cell_record(c) for c in cells], summary=summary, pairs=list(records),
                   table=mx.matrix_table(cells, summary, names))
     status = _write_matrix(args, result, cells, summary, names)

@@ -33,9 +33,10 @@ def turned_pair(pair: PointCloudPair, heading_deg: float) -> PointCloudPair:
                           {**pair.meta, "turn_deg": heading_deg})
 
 
-def overlap_ratio(pair: PointCloudPair, voxel: float = 0.05) -> float:
-    """The overlap of a pair: of each cloud's ``voxel`` grid points, the fraction within 1.5 voxels
-    of the other cloud (after ``T_gt``); the smaller of the two."""
+def overlap_fractions(pair: PointCloudPair, voxel: float = 0.05) -> tuple[float, float]:
+    """The pair's overlap seen from each side: of the source's ``voxel`` grid points (after
+    ``T_gt``), the fraction within 1.5 voxels of the target's, and the same of the target's.
+    A narrow view inside a wide one has a high first and a low second fraction."""
     from scipy.spatial import cKDTree
 
     from s2h_ros.geometry import apply_transform, voxel_downsample
@@ -46,9 +47,22 @@ def overlap_ratio(pair: PointCloudPair, voxel: float = 0.05) -> float:
     src = grid(apply_transform(np.asarray(pair.T_gt, np.float64), np.asarray(pair.source, np.float64)))
     tgt = grid(np.asarray(pair.target, np.float64))
     if len(src) == 0 or len(tgt) == 0:
-        return 0.0
+        return 0.0, 0.0
     near = 1.5 * voxel
-    return float(min(np.mean(cKDTree(tgt).query(src)[0] < near), np.mean(cKDTree(src).query(tgt)[0] < near)))
+    return (float(np.mean(cKDTree(tgt).query(src)[0] < near)),
+            float(np.mean(cKDTree(src).query(tgt)[0] < near)))
+
+
+def overlap_ratio(pair: PointCloudPair, voxel: float = 0.05) -> float:
+    """The overlap of a pair: the smaller of its two :func:`overlap_fractions`."""
+    return min(overlap_fractions(pair, voxel))
+
+
+def shared_view(pair: PointCloudPair, voxel: float = 0.05) -> float:
+    """How much of a pair's scene both clouds saw: the larger of its two :func:`overlap_fractions`
+    (near zero only when neither cloud saw the other's scene, e.g. two narrow views that look
+    apart; such a pair cannot be registered from its points)."""
+    return max(overlap_fractions(pair, voxel))
 
 
 def turned_pairs(pairs: Iterable[PointCloudPair], low: float, high: float, seed: int) -> Iterator[PointCloudPair]:

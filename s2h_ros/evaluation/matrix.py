@@ -7,11 +7,19 @@ Cells:
   (``synthetic_pairs``), each source turned about z by a random heading (default 0-180 deg
   either way, so any relative heading);
 - **indoor cells**: a depth camera (or an indoor lidar) in rooms / offices / a warehouse, pairs
-  1-3 m apart whose overlap (:func:`overlap_ratio`) lies in 30-60 %, at 3DMatch thresholds and
+  1-3 m apart whose overlap (the smaller of :func:`overlap_fractions`) lies in 30-60 %, at 3DMatch thresholds and
   0.05 m voxels, turned like the outdoor ones;
 - **mixed cells**: source from one sensor, target from another, same world, drive and poses
   (``synthetic_pairs(target_sensor=...)``);
 - **real cells**: the bundled KITTI loop pair and 3DMatch demo pair, as they are (not turned).
+
+Every synthetic pair records its ``overlap`` (the smaller of its two overlap fractions) and its
+``shared_view`` (the larger). Two narrow views 10-20 m apart may look apart (Livox scans of a
+street before and after a corner: shared view 0.00-0.02 where every registrable pair of the
+development matrices had 0.13 or more); such a pair (``shared_view`` below
+``PairSettings.min_shared_view``) cannot be registered from its points by any method. It stays in
+the cell, where only a refusal is right, and the summary gives the recall over the pairs with a
+shared view beside the recall over all of them.
 
 Every synthetic cell has its own world seed in 0-999 (the range no training run may use),
 derived from the base seed and the cell's key (:func:`cell_seed`) and distinct within a matrix.
@@ -24,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from s2h_ros.datasets.types import overlap_ratio
+from s2h_ros.datasets.types import overlap_fractions
 from s2h_ros.evaluation.metrics import THRESHOLDS, RecallThreshold
 
 HELD_OUT_SEEDS = 1000  # seeds 0..999: evaluation worlds only (training refuses them)
@@ -142,9 +150,18 @@ class PairSettings:
     distance: tuple[float, float] = (10.0, 20.0)  # outdoor: metres apart
     indoor_distance: tuple[float, float] = (1.0, 3.0)  # indoor candidates: metres apart
     overlap: tuple[float, float] = (0.3, 0.6)  # indoor: kept when the overlap lies in this range
+    min_shared_view: float = 0.05  # below it a pair's clouds saw no common scene (module docstring)
     turn: tuple[float, float] | None = (0.0, 180.0)  # source heading turn, degrees either way
     candidates: int = 4  # indoor: candidates drawn per wanted pair (doubled until enough qualify)
     retries: int = 3  # further seeds when a world's drive is too short
+
+
+def _with_overlap(pair: Any, voxel: float) -> Any:
+    """``pair`` with ``meta["overlap"]`` and ``meta["shared_view"]`` (its :func:`overlap_fractions`
+    at ``voxel``, the smaller and the larger)."""
+    fractions = overlap_fractions(pair, voxel)
+    pair.meta["overlap"], pair.meta["shared_view"] = min(fractions), max(fractions)
+    return pair
 
 
 def _draw(cell: Cell, settings: PairSettings, seed: int) -> list:
@@ -153,18 +170,18 @@ def _draw(cell: Cell, settings: PairSettings, seed: int) -> list:
     common = {"sensor": cell.sensor, "family": cell.family}
     if cell.target_sensor != cell.sensor:
         common["target_sensor"] = cell.target_sensor
+    voxel = SCALE_VOXEL[cell.scale]
     if cell.scale == "outdoor":
         lo, hi = settings.distance
-        return synthetic_pairs(settings.n, seed, min_distance=lo, max_distance=hi, **common)
+        return [_with_overlap(p, voxel)
+                for p in synthetic_pairs(settings.n, seed, min_distance=lo, max_distance=hi, **common)]
     lo, hi = settings.indoor_distance
     keep: list = []
     m = settings.n * settings.candidates
     while True:
         keep = []
         for pair in synthetic_pairs(m, seed, min_distance=lo, max_distance=hi, **common):
-            ov = overlap_ratio(pair, SCALE_VOXEL["indoor"])
-            if settings.overlap[0] <= ov <= settings.overlap[1]:
-                pair.meta["overlap"] = ov
+            if settings.overlap[0] <= _with_overlap(pair, voxel).meta["overlap"] <= settings.overlap[1]:
                 keep.append(pair)
                 if len(keep) == settings.n:
                     return keep
@@ -209,7 +226,8 @@ def cell_pairs(cell: Cell, settings: PairSettings, taken: set[int] | None = None
 
 
 def _pair_meta(pair: Any) -> dict:
-    keep = ("dataset", "family", "sensor", "target_sensor", "seed", "frames", "distance", "turn_deg", "overlap")
+    keep = ("dataset", "family", "sensor", "target_sensor", "seed", "frames", "distance", "turn_deg", "overlap",
+            "shared_view")
     return {k: pair.meta[k] for k in keep if k in pair.meta}
 
 
@@ -239,11 +257,20 @@ def evaluate_matrix(cells: list[Cell], methods: dict[str, dict[str, Any]], setti
             on_cell(cell, done)
 
 
-def summarize_matrix(cells: list[Cell], records: list[dict]) -> dict[str, dict[str, dict]]:
+def without_view(record: dict, min_shared_view: float = PairSettings.min_shared_view) -> bool:
+    """Whether a record's pair had no shared view (``meta["shared_view"]`` below ``min_shared_view``;
+    pairs that do not record it, the real ones, have one)."""
+    return record.get("meta", {}).get("shared_view", 1.0) < min_shared_view
+
+
+def summarize_matrix(cells: list[Cell], records: list[dict],
+                     min_shared_view: float = PairSettings.min_shared_view) -> dict[str, dict[str, dict]]:
     """``{cell key: {method: summary}}`` over the records made so far (cells without any left out);
     each summary is ``summarize_method``'s (``trusted``, ``wrong_trusted``, the safeguard's
-    ``fallbacks`` included) plus ``gt_inlier_ratio_mean`` (S2H methods) and ``feature_kinds`` (the
-    features s2h used there: fcgf, or fpfh where no weights apply)."""
+    ``fallbacks`` included) plus ``gt_inlier_ratio_mean`` (S2H methods), ``feature_kinds`` (the
+    features s2h used there: fcgf, or fpfh where no weights apply), ``no_view`` (pairs without a
+    shared view, :func:`without_view`) and ``recall_in_view`` (the recall over the others; None
+    when there are none)."""
     from s2h_ros.evaluation.harness import summarize_records
 
     out: dict[str, dict[str, dict]] = {}
@@ -256,6 +283,9 @@ def summarize_matrix(cells: list[Cell], records: list[dict]) -> dict[str, dict[s
             s["gt_inlier_ratio_mean"] = s["info_mean"].get("gt_inlier_ratio")
             own = [r for r in mine if r["method"] == name]
             s["feature_kinds"] = sorted({r["info"].get("feature_kind") for r in own} - {None, ""})
+            in_view = [bool(r["registered"]) for r in own if not without_view(r, min_shared_view)]
+            s["no_view"] = len(own) - len(in_view)
+            s["recall_in_view"] = float(np.mean(in_view)) if in_view else None
         out[cell.key] = summary
     return out
 
@@ -274,15 +304,16 @@ def has_matches(method: str) -> bool:
 
 
 def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
-    """Markdown: one row per cell; per method recall (%), mean RE (deg) and TE (cm) over the
+    """Markdown: one row per cell: its pairs and those without a shared view; per method recall (%)
+    over all pairs and over those with a shared view, mean RE (deg) and TE (cm) over the
     registered pairs, for s2h methods the S2H matches' ground-truth inlier fraction, the pairs
     reported as trusted and those of them that are wrong (FPFH + RANSAC trusts every result), the
     pairs whose transform came from the RANSAC safeguard (of them trusted), and s / pair."""
     from s2h_ros.evaluation.report import _fmt, markdown_table
 
-    header = ["cell", "data", "seed", "pairs"]
+    header = ["cell", "data", "seed", "pairs", "no shared view"]
     for m in methods:
-        header += [f"{m} recall (%)", f"{m} RE (deg)", f"{m} TE (cm)"]
+        header += [f"{m} recall (%)", f"{m} recall, shared view (%)", f"{m} RE (deg)", f"{m} TE (cm)"]
         header += [f"{m} inlier frac.", f"{m} trusted", f"{m} wrong trusted", f"{m} RANSAC (trusted)"] \
             if has_matches(m) else []
         header += [f"{m} s/pair"]
@@ -292,13 +323,14 @@ def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods
             continue
         by_method = summary[cell.key]
         pairs = max(s["pairs"] for s in by_method.values())
-        row = [cell.key, cell.data, "-" if cell.seed is None else str(cell.seed), str(pairs)]
+        no_view = max(s["no_view"] for s in by_method.values())
+        row = [cell.key, cell.data, "-" if cell.seed is None else str(cell.seed), str(pairs), str(no_view)]
         for m in methods:
             s = by_method.get(m)
             if s is None:
-                row += ["-"] * (8 if has_matches(m) else 4)
+                row += ["-"] * (9 if has_matches(m) else 5)
                 continue
-            row += [_fmt(s["recall"], 100, 0), _fmt(s["re_mean_deg"]), _fmt(s["te_mean_m"], 100, 1)]
+            row += [_fmt(s["recall"], 100, 0), _fmt(s["recall_in_view"], 100, 0), _fmt(s["re_mean_deg"]), _fmt(s["te_mean_m"], 100, 1)]
             row += [_fmt(s["gt_inlier_ratio_mean"], 1, 3), str(s["trusted"]), str(s["wrong_trusted"]),
                     "-" if s["fallbacks"] is None else f"{s['fallbacks']} ({s['trusted_fallbacks']})"] \
                 if has_matches(m) else []
