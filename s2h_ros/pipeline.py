@@ -607,9 +607,9 @@ class Registrar:
         partners: ``global`` (each voxel's k nearest in feature space, both ways: any motion; with
         learned features the source is also tried at ``heading_hypotheses`` headings about z until
         one is trusted decisively, ``DECISIVE_INLIER_RATIO``, and without ``init`` at the headings
-        halfway between them when none is trusted, ``halfway_headings``), ``prior`` (tracking: the k best in
-        feature space among the target voxels within ``prior_radius`` of where ``init`` puts the
-        source voxel; needs ``init``, S2H matcher only) or ``quick`` (the global search's first try
+        halfway between them when none is trusted, ``halfway_headings``), ``prior`` (tracking: the
+        k best in feature space among the target voxels within ``prior_radius`` of where ``init``
+        puts the source voxel; needs ``init``, S2H matcher only) or ``quick`` (the global search's first try
         alone, ``_quick_global``: at most ``global_max_points`` source voxels at the one heading
         nearest ``init``'s yaw, as given without ``init``, with the safeguard; a bounded cost, for a
         scan the caller can afford to lose: the odometry re-seeding a segment, relocalising, or
@@ -724,8 +724,8 @@ class Registrar:
         """Matches of the source rows ``picked`` (None: all) on ``support`` (None: global) -> the
         first hypothesis; globally with learned features the other headings until one is decisive;
         DGR's safeguard when none is trusted; without a prior, the same again at the halfway
-        headings (``halfway_headings``) when still none is. The best result, refined and verified. ``turned``:
-        source features per heading already computed in this call (filled as it goes)."""
+        headings (``halfway_headings``) when still none is. The best result, refined and verified.
+        ``turned``: source features per heading already computed in this call (filled as it goes)."""
         headings = self.headings(src, support, init, tgt)
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])

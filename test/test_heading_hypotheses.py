@@ -119,8 +119,8 @@ def _headings_tried(monkeypatch) -> list[float]:
 
 def test_the_halfway_headings_are_tried_only_when_no_heading_is_trusted(loop_pair, monkeypatch):
     """Real KITTI scans: the loop pair is trusted at 180 deg and never turned halfway; RAW KITTI 00
-    frame 0 against the loop pair's target (90 m from it, along another street) is trusted at no heading, so the
-    search tries the four halfway headings too, and still trusts nothing."""
+    frame 0 against the loop pair's target (90 m from it, along another street) is trusted at no
+    heading, so the search tries the four halfway headings too, and still trusts nothing."""
     tried = _headings_tried(monkeypatch)
     found = Registrar(RegistrationConfig()).register(loop_pair.source, loop_pair.target)
     assert found.success and found.heading_deg == 180.0

@@ -373,15 +373,18 @@ def test_a_result_the_ground_carries_where_the_geometry_is_weak_is_not_trusted()
     7.8 m off. Its fitness (0.59), 31 inlier matches, slide evidence and repetition all pass; its
     weakest constraint is in the grey zone (below weak_constraint). What refuses it: there the
     voxels off the ground must fit as at zero motion (0.33 do, need min_structure_fitness 0.5);
-    and the free-space test (max_free_space). Without the two the wrong pose is trusted."""
+    and the free-space test (max_free_space). Without the two the wrong pose is trusted. (The
+    search's halfway headings, which an untrusted first round brings on, report another wrong
+    pose, refused too; the tests here look at the first round's, ``halfway_headings`` off.)"""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
     from s2h_ros.pipeline import structure_fitness
 
     drawn = synthetic_pairs(10, 94, sensor="livox", family="parking_lot", min_distance=10.0, max_distance=20.0)[1]
     pair = turned_pair(drawn, -43.54488676974795)
-    reg = Registrar(RegistrationConfig())
+    reg = Registrar(RegistrationConfig(halfway_headings=False))
     src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
+    assert not Registrar(RegistrationConfig()).register(src, tgt).success
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert re > 45.0 and te > 5.0, (re, te)  # wrong
@@ -394,10 +397,10 @@ def test_a_result_the_ground_carries_where_the_geometry_is_weak_is_not_trusted()
     assert structure_fitness(src, tgt, local, reg.config) < 0.1  # nothing in common at the truth
     # The free-space test refuses it on its own: a third of the structure it lays in the target
     # sensor's view lies where that sensor's rays passed.
-    seen_through = Registrar(RegistrationConfig(min_structure_fitness=0.0)).register(src, tgt)
+    seen_through = Registrar(reg.config.replace(min_structure_fitness=0.0)).register(src, tgt)
     assert not seen_through.success and "saw through" in seen_through.message, seen_through.message
     assert seen_through.free_space.through > 0.3
-    unchecked = Registrar(RegistrationConfig(min_structure_fitness=0.0, max_free_space=0.0)).register(src, tgt)
+    unchecked = Registrar(reg.config.replace(min_structure_fitness=0.0, max_free_space=0.0)).register(src, tgt)
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 5.0
 
 

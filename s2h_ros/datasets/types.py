@@ -58,13 +58,6 @@ def overlap_ratio(pair: PointCloudPair, voxel: float = 0.05) -> float:
     return min(overlap_fractions(pair, voxel))
 
 
-def shared_view(pair: PointCloudPair, voxel: float = 0.05) -> float:
-    """How much of a pair's scene both clouds saw: the larger of its two :func:`overlap_fractions`
-    (near zero only when neither cloud saw the other's scene, e.g. two narrow views that look
-    apart; such a pair cannot be registered from its points)."""
-    return max(overlap_fractions(pair, voxel))
-
-
 def turned_pairs(pairs: Iterable[PointCloudPair], low: float, high: float, seed: int) -> Iterator[PointCloudPair]:
     """Each pair turned (:func:`turned_pair`) by a heading of ``low``-``high`` deg either way,
     drawn in order from a generator seeded by ``seed``: the same turns for the same seed."""

@@ -7,8 +7,8 @@ Cells:
   (``synthetic_pairs``), each source turned about z by a random heading (default 0-180 deg
   either way, so any relative heading);
 - **indoor cells**: a depth camera (or an indoor lidar) in rooms / offices / a warehouse, pairs
-  1-3 m apart whose overlap (the smaller of :func:`overlap_fractions`) lies in 30-60 %, at 3DMatch thresholds and
-  0.05 m voxels, turned like the outdoor ones;
+  1-3 m apart whose overlap (the smaller of :func:`overlap_fractions`) lies in 30-60 %, at
+  3DMatch thresholds and 0.05 m voxels, turned like the outdoor ones;
 - **mixed cells**: source from one sensor, target from another, same world, drive and poses
   (``synthetic_pairs(target_sensor=...)``);
 - **real cells**: the bundled KITTI loop pair and 3DMatch demo pair, as they are (not turned).
@@ -330,7 +330,8 @@ def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods
             if s is None:
                 row += ["-"] * (9 if has_matches(m) else 5)
                 continue
-            row += [_fmt(s["recall"], 100, 0), _fmt(s["recall_in_view"], 100, 0), _fmt(s["re_mean_deg"]), _fmt(s["te_mean_m"], 100, 1)]
+            row += [_fmt(s["recall"], 100, 0), _fmt(s["recall_in_view"], 100, 0), _fmt(s["re_mean_deg"]),
+                    _fmt(s["te_mean_m"], 100, 1)]
             row += [_fmt(s["gt_inlier_ratio_mean"], 1, 3), str(s["trusted"]), str(s["wrong_trusted"]),
                     "-" if s["fallbacks"] is None else f"{s['fallbacks']} ({s['trusted_fallbacks']})"] \
                 if has_matches(m) else []
