@@ -700,7 +700,7 @@ class Registrar:
                 return None
             if hyp.deferred:  # nor at the heading as given: no rival there
                 break
-            tries.append(self._finished(src, tgt, hyp, timer, structure=True))
+            tries.append(self._finished(src, tgt, hyp, timer, structure=True, prior=init is not None))
             if tries[0].success and not _decisive(tries[0]):
                 # A decisive turned result would stop a search, so it faces the one as given; a
                 # refused one (a straight street turned around, its structure where the target's
@@ -739,7 +739,7 @@ class Registrar:
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
         structure = support is None  # a global search's results must pass _structure_doubt too
-        result = self._finished(src, tgt, first, timer, structure=structure)
+        result = self._finished(src, tgt, first, timer, structure=structure, prior=init is not None)
         verified = [result]  # every hypothesis refined and verified, for the rival test
         result = self._heading_round(src, tgt, headings[1:], init, timer, turned, picked, result, verified, unsettled,
                                      structure)
@@ -766,7 +766,7 @@ class Registrar:
                 unsettled.append(hyp)
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
                 continue
-            candidate = self._finished(src, tgt, hyp, timer, structure=structure)
+            candidate = self._finished(src, tgt, hyp, timer, structure=structure, prior=init is not None)
             verified.append(candidate)
             if _better(candidate, result):
                 result = candidate
@@ -775,7 +775,7 @@ class Registrar:
         for hyp in unsettled if not result.success else []:
             reason = hyp.fallback if hyp.deferred else "learned estimate not trusted"
             candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer,
-                                       structure=structure)
+                                       structure=structure, prior=init is not None)
             verified.append(candidate)
             if _better(candidate, result):
                 result = candidate
@@ -838,9 +838,10 @@ class Registrar:
         return prior_support(predicted, tgt.spatial_index(), src.features, tgt.features, cfg.prior_radius, cfg.k)
 
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
-                  structure: bool = False) -> RegistrationResult:
+                  structure: bool = False, prior: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``_structure_doubt``)."""
+        (``structure``: a global search's, which must also pass ``_structure_doubt``; ``prior``:
+        the search had one, see ``_slide_recovered``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -848,14 +849,14 @@ class Registrar:
         result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message,
                                        structure=structure)
         if structure and not hyp.message:
-            result = self._slide_recovered(src, tgt, result, timer)
+            result = self._slide_recovered(src, tgt, result, timer, prior)
         result.num_candidates, result.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
         result.used_fallback, result.heading_deg = bool(hyp.fallback), hyp.heading
         result.fallback = hyp.fallback
         return result
 
     def _slide_recovered(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
-                         timer: _Timer) -> RegistrationResult:
+                         timer: _Timer, prior: bool = False) -> RegistrationResult:
         """A global search's ``result`` refused where the geometry leaves one direction nearly free
         (weakest constraint below ``weak_constraint``), moved along that direction to where the
         structure that would show a slide fits the target's (``slide_evidence``: poles, signs, ends
@@ -864,11 +865,16 @@ class Registrar:
         two inlier distances or more from it, so evenly spaced poles, which fit as well one spacing
         on, never choose, and never to zero motion (``at_zero_motion``: there the sensor's own
         pattern on the structure fits its twin whatever the truth; a development OS1-64 highway pair
-        16 m apart had its right result moved 16.2 m there). The moved result, ``slid_m`` saying how
-        far, trusted or not: a move is made only where the structure refuted the unmoved estimate,
-        so the moved one is the better guess even where the other tests still refuse it (below
-        ``min_constraint`` they must: there slide evidence cannot be told from a tunnel's); its
-        message says why it was moved and why it is still refused. ``result`` where no move was made.
+        16 m apart had its right result moved 16.2 m there). The moved result when it is trusted,
+        ``slid_m`` saying how far. Without a ``prior`` also when the other tests still refuse it
+        (below ``min_constraint`` they must: there slide evidence cannot be told from a tunnel's):
+        a move is made only where the structure refuted the unmoved estimate, so the moved one is
+        the better guess of what the caller gets; its message says why it was moved and why it is
+        still refused. With a prior (the odometry) the refused estimate stays where the search put
+        it: the odometry weighs it against its own hypotheses by how well each explains the scan,
+        and a move can explain it less (development handheld VLP-16 walk, world 921, scan 30: a
+        move of 0.9 m from fine fitness 0.56 to 0.42 let a prediction 3.8 deg / 0.8 m off be
+        trusted). ``result`` where no move was made.
 
         On a highway the features match guardrails, verges and the road as readily as the few
         poles, and the estimate lands wherever those put it along the road: on the matrix of base
@@ -909,9 +915,11 @@ class Registrar:
             degeneracy, slide = moved.degeneracy, moved.slide  # the plateau's middle may be off by D / 2: again
         if moved is result:
             return result
-        moved.slid_m = float(total)
-        moved.message = (f"{result.message}; moved {total:+.1f} m along it to where the structure fits, not "
-                         f"trusted either: {moved.message}")
+        note = f"; moved {total:+.1f} m along it to where the structure fits, not trusted either: {moved.message}"
+        if prior:
+            result.message += note
+            return result
+        moved.slid_m, moved.message = float(total), result.message + note
         return moved
 
     def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None,
