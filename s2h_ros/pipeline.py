@@ -357,19 +357,11 @@ def low_fitness(fitness: float, cfg: RegistrationConfig, overlap: float | None =
 
 def _better(candidate: RegistrationResult, current: RegistrationResult) -> bool:
     """Heading hypotheses: a trusted result beats an untrusted one, and among trusted ones more
-    inlier correspondences win. Among untrusted ones a slide's move (``slid_m``: moved to a clear
-    peak of the structure that refuted where it had landed) beats one not moved, then the higher
-    fitness (the least wrong): fitness is mostly the ground's and also measures overlap, so a
-    small overlap's moved estimate fits less than a wrong one (held-out Livox pair 15.6 m apart,
-    world 31: four hypotheses moved to within 3 cm of the truth at fitness 0.25, beside a turned
-    one 15.7 m off at 0.37)."""
+    inlier correspondences win; among untrusted ones the higher fitness (the least wrong)."""
     if candidate.success != current.success:
         return candidate.success
     if candidate.success:
         return candidate.num_inliers > current.num_inliers
-    moved, moved_now = candidate.slid_m is not None, current.slid_m is not None
-    if moved != moved_now:
-        return moved
     return candidate.fitness > current.fitness
 
 
@@ -700,7 +692,7 @@ class Registrar:
                 return None
             if hyp.deferred:  # nor at the heading as given: no rival there
                 break
-            tries.append(self._finished(src, tgt, hyp, timer, structure=True, prior=init is not None))
+            tries.append(self._finished(src, tgt, hyp, timer, structure=True))
             if tries[0].success and not _decisive(tries[0]):
                 # A decisive turned result would stop a search, so it faces the one as given; a
                 # refused one (a straight street turned around, its structure where the target's
@@ -739,7 +731,7 @@ class Registrar:
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
         structure = support is None  # a global search's results must pass _structure_doubt too
-        result = self._finished(src, tgt, first, timer, structure=structure, prior=init is not None)
+        result = self._finished(src, tgt, first, timer, structure=structure)
         verified = [result]  # every hypothesis refined and verified, for the rival test
         result = self._heading_round(src, tgt, headings[1:], init, timer, turned, picked, result, verified, unsettled,
                                      structure)
@@ -766,7 +758,7 @@ class Registrar:
                 unsettled.append(hyp)
             if hyp.deferred:  # a turned source whose weights say "no inliers": RANSAC only if nothing else is trusted
                 continue
-            candidate = self._finished(src, tgt, hyp, timer, structure=structure, prior=init is not None)
+            candidate = self._finished(src, tgt, hyp, timer, structure=structure)
             verified.append(candidate)
             if _better(candidate, result):
                 result = candidate
@@ -775,7 +767,7 @@ class Registrar:
         for hyp in unsettled if not result.success else []:
             reason = hyp.fallback if hyp.deferred else "learned estimate not trusted"
             candidate = self._finished(src, tgt, self._robust(src, tgt, hyp, init, timer, reason), timer,
-                                       structure=structure, prior=init is not None)
+                                       structure=structure)
             verified.append(candidate)
             if _better(candidate, result):
                 result = candidate
@@ -838,10 +830,9 @@ class Registrar:
         return prior_support(predicted, tgt.spatial_index(), src.features, tgt.features, cfg.prior_radius, cfg.k)
 
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
-                  structure: bool = False, prior: bool = False) -> RegistrationResult:
+                  structure: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``_structure_doubt``; ``prior``:
-        the search had one, see ``_slide_recovered``)."""
+        (``structure``: a global search's, which must also pass ``_structure_doubt``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -849,14 +840,14 @@ class Registrar:
         result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message,
                                        structure=structure)
         if structure and not hyp.message:
-            result = self._slide_recovered(src, tgt, result, timer, prior)
+            result = self._slide_recovered(src, tgt, result, timer)
         result.num_candidates, result.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
         result.used_fallback, result.heading_deg = bool(hyp.fallback), hyp.heading
         result.fallback = hyp.fallback
         return result
 
     def _slide_recovered(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
-                         timer: _Timer, prior: bool = False) -> RegistrationResult:
+                         timer: _Timer) -> RegistrationResult:
         """A global search's ``result`` refused where the geometry leaves one direction nearly free
         (weakest constraint below ``weak_constraint``), moved along that direction to where the
         structure that would show a slide fits the target's (``slide_evidence``: poles, signs, ends
@@ -865,16 +856,8 @@ class Registrar:
         two inlier distances or more from it, so evenly spaced poles, which fit as well one spacing
         on, never choose, and never to zero motion (``at_zero_motion``: there the sensor's own
         pattern on the structure fits its twin whatever the truth; a development OS1-64 highway pair
-        16 m apart had its right result moved 16.2 m there). The moved result when it is trusted,
-        ``slid_m`` saying how far. Without a ``prior`` also when the other tests still refuse it
-        (below ``min_constraint`` they must: there slide evidence cannot be told from a tunnel's):
-        a move is made only where the structure refuted the unmoved estimate, so the moved one is
-        the better guess of what the caller gets; its message says why it was moved and why it is
-        still refused. With a prior (the odometry) the refused estimate stays where the search put
-        it: the odometry weighs it against its own hypotheses by how well each explains the scan,
-        and a move can explain it less (development handheld VLP-16 walk, world 921, scan 30: a
-        move of 0.9 m from fine fitness 0.56 to 0.42 let a prediction 3.8 deg / 0.8 m off be
-        trusted). ``result`` where no move was made.
+        16 m apart had its right result moved 16.2 m there). The moved result when it is trusted (``slid_m`` says how far); else
+        ``result``, its message saying why the move did not stand.
 
         On a highway the features match guardrails, verges and the road as readily as the few
         poles, and the estimate lands wherever those put it along the road: on the matrix of base
@@ -913,14 +896,10 @@ class Registrar:
                 moved.slid_m = float(total)
                 return moved
             degeneracy, slide = moved.degeneracy, moved.slide  # the plateau's middle may be off by D / 2: again
-        if moved is result:
-            return result
-        note = f"; moved {total:+.1f} m along it to where the structure fits, not trusted either: {moved.message}"
-        if prior:
-            result.message += note
-            return result
-        moved.slid_m, moved.message = float(total), result.message + note
-        return moved
+        if moved is not result:
+            result.message += (f"; moved {total:+.1f} m along it to where the structure fits, not trusted "
+                               f"either: {moved.message}")
+        return result
 
     def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None,
                  tgt: PreparedCloud | None = None) -> list[float]:
