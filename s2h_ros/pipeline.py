@@ -856,8 +856,8 @@ class Registrar:
         two inlier distances or more from it, so evenly spaced poles, which fit as well one spacing
         on, never choose, and never to zero motion (``at_zero_motion``: there the sensor's own
         pattern on the structure fits its twin whatever the truth; a development OS1-64 highway pair
-        16 m apart had its right result moved 16.2 m there). The moved result when it is trusted (``slid_m`` says how far); else
-        ``result``, its message saying why the move did not stand.
+        16 m apart had its right result moved 16.2 m there). The moved result when it is trusted
+        (``slid_m`` says how far); else ``result``, its message saying why the move did not stand.
 
         On a highway the features match guardrails, verges and the road as readily as the few
         poles, and the estimate lands wherever those put it along the road: on the matrix of base
