@@ -62,8 +62,8 @@ def test_features_are_unit_norm_and_aligned_with_voxels(kitti_xyz):
     # every returned point is an input point, one per voxel, in the row order of the model input
     x = SparseTensor.from_points(kitti_xyz, 0.3)
     assert torch.equal(torch.floor(xyz / 0.3).long(), x.coords[:, 1:])
-    with torch.no_grad():
-        assert torch.allclose(model(x).feats, feats)
+    with torch.no_grad():  # extract_features runs the folded copy: equal up to float rounding
+        assert torch.allclose(model(x).feats, feats, atol=1e-5)
     xyz_np, feats_np_input = extract_features(model, kitti_xyz, 0.3)  # numpy in -> numpy points out
     assert isinstance(xyz_np, np.ndarray) and np.array_equal(xyz_np, xyz.numpy())
     assert torch.equal(feats_np_input, feats)
@@ -97,3 +97,43 @@ def test_bad_inputs_and_presets_raise():
     with pytest.raises(ValueError, match="unknown FCGF preset"):
         build_fcgf("huge")
     assert set(PRESETS) >= {"kitti", "compact"}
+
+
+def _with_batchnorm_statistics(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every BatchNorm given running statistics and an affine map far from the identity, so that
+    folding them is not a no-op."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm1d):
+            n = m.num_features
+            m.running_mean.copy_(torch.randn(n, generator=g))
+            m.running_var.copy_(torch.rand(n, generator=g) * 3 + 0.1)
+            m.weight.data.copy_(torch.randn(n, generator=g))
+            m.bias.data.copy_(torch.randn(n, generator=g))
+    return model.eval()
+
+
+def test_folded_copy_computes_the_same_features_without_batchnorm_passes(kitti_xyz):
+    torch.manual_seed(0)
+    model = _with_batchnorm_statistics(build_fcgf("compact"), 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    folded = model.folded()
+    x = SparseTensor.from_points(kitti_xyz, 0.3)
+    with torch.no_grad():
+        want, got = model(x).feats, folded(SparseTensor.from_points(kitti_xyz, 0.3)).feats
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in folded.modules())
+    assert torch.allclose(got, want, atol=1e-5)
+    assert (got - want).abs().max() < 1e-3 * want.abs().max()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the original untouched
+
+
+def test_extract_features_folds_the_weights_again_after_they_change(kitti_xyz):
+    torch.manual_seed(0)
+    model = _with_batchnorm_statistics(build_fcgf("compact"), 1)
+    _, first = extract_features(model, kitti_xyz, 0.3)
+    _with_batchnorm_statistics(model, 2)  # new statistics in place, as a training step would leave
+    _, second = extract_features(model, kitti_xyz, 0.3)
+    with torch.no_grad():
+        want = model(SparseTensor.from_points(kitti_xyz, 0.3)).feats
+    assert not torch.allclose(first, second, atol=1e-3)
+    assert torch.allclose(second, want, atol=1e-5)

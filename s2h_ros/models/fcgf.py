@@ -7,6 +7,8 @@ Presets: ``kitti`` is the official KITTI model (ResUNetBN2C, 32-D output, first 
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
@@ -65,12 +67,26 @@ def point_features(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: float 
     return feats[inverse]
 
 
+_FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _inference_copy(model: ResUNet) -> ResUNet:
+    """``model.folded()`` (BatchNorms folded into the convolutions), made once per model and
+    again whenever any of its parameters or buffers changed (training steps, ``load_state_dict``,
+    ``to(device)``: the tensors' storage or in-place version counters differ)."""
+    state = tuple((t.data_ptr(), t._version) for t in model.state_dict().values())
+    cached = _FOLDED.get(model)
+    if cached is None or cached[0] != state:
+        cached = _FOLDED[model] = (state, model.folded())
+    return cached[1]
+
+
 def _forward(model: ResUNet, xyz: np.ndarray | torch.Tensor, voxel: float, device: torch.device | str | None):
     """FCGF in eval mode on the voxels of ``xyz``: the points as a tensor on ``device`` (default:
     the model's), each voxel's first point, each point's voxel, and the voxels' descriptors."""
     if device is None:
         device = next(model.parameters()).device
-    model = model.to(device).eval()
+    model = _inference_copy(model.to(device).eval())
     pts = as_points(xyz, 3, "xyz").to(device=device, dtype=torch.float32)
     coords, first, inverse = sparse_quantize(pts, voxel)  # sorted rows, as SparseTensor.from_points has them
     x = SparseTensor(torch.ones(len(coords), 1, device=device), torch.cat([coords.new_zeros(len(coords), 1), coords], 1))

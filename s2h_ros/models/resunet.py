@@ -2,12 +2,13 @@
 
 One network serves both models of DGR: the 3-D FCGF feature extractor and the 6-D inlier network
 over correspondences. Four levels, three stride-2 downsamplings; each level is conv -> BN ->
-BasicBlock (-> ReLU); the decoder concatenates the transposed-conv output with the encoder skip
+BasicBlock (ending in a ReLU); the decoder concatenates the transposed-conv output with the encoder skip
 (transposed first), and a 1x1 conv -> ReLU -> 1x1 conv (with bias) gives the output. Module names
 equal the official ones, so official state dicts load unchanged.
 """
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -63,17 +64,36 @@ class ResUNet(nn.Module):
         self.final = Conv(tr[0], c.out_channels, 1, 1, bias=True, dim=d)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
+        # The official network also applies a ReLU to each block's output; a BasicBlock ends in
+        # one, so those are identities and are left out (the same numbers, seven passes fewer).
         s1 = self.block1(self.norm1(self.conv1(x)))
-        s2 = self.block2(self.norm2(self.conv2(relu(s1))))
-        s4 = self.block3(self.norm3(self.conv3(relu(s2))))
-        s8 = self.block4(self.norm4(self.conv4(relu(s4))))
-        out = relu(self.block4_tr(self.norm4_tr(self.conv4_tr(relu(s8)))))
-        out = relu(self.block3_tr(self.norm3_tr(self.conv3_tr(cat(out, s4)))))
-        out = relu(self.block2_tr(self.norm2_tr(self.conv2_tr(cat(out, s2)))))
-        out = self.final(relu(self.conv1_tr(cat(out, s1))))
+        s2 = self.block2(self.norm2(self.conv2(s1)))
+        s4 = self.block3(self.norm3(self.conv3(s2)))
+        s8 = self.block4(self.norm4(self.conv4(s4)))
+        out = self.block4_tr(self.norm4_tr(self.conv4_tr(s8)))
+        out = self.block3_tr(self.norm3_tr(self.conv3_tr(cat(out, s4))))
+        out = self.block2_tr(self.norm2_tr(self.conv2_tr(cat(out, s2))))
+        out = self.final(relu(self.conv1_tr(cat(out, s1)), inplace=True))
         if self.config.normalize:
             out = _normalize_rows(out)
         return out
+
+    def folded(self) -> ResUNet:
+        """An inference copy (eval mode, no gradients) with every BatchNorm folded into the
+        convolution before it (:meth:`s2h_ros.sparse.Conv.fold`): the same function of the input up
+        to float rounding, without the BatchNorm passes (one pass over the features and one kernel
+        launch each; 21 of them in FCGF). The original is unchanged."""
+        copy = deepcopy(self).eval().requires_grad_(False)
+        pairs = [("conv1", "norm1")] + [(f"conv{i}", f"norm{i}") for i in (2, 3, 4)] \
+            + [(f"conv{i}_tr", f"norm{i}_tr") for i in (4, 3, 2)]
+        for conv, norm in pairs:
+            getattr(copy, conv).fold(getattr(copy, norm))
+            setattr(copy, norm, nn.Identity())
+        for i in (1, 2, 3, 4):
+            for block in (f"block{i}", f"block{i}_tr"):
+                if hasattr(copy, block):
+                    getattr(copy, block).fold()
+        return copy
 
 
 def _normalize_rows(x: SparseTensor) -> SparseTensor:

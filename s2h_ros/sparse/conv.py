@@ -25,13 +25,15 @@ from s2h_ros.sparse.kernel_map import KernelMap
 TABLE_BUDGET = 1 << 26  # gathered values (N_out x K' x C_in): 256 MB in float32
 
 
-def sparse_conv(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap) -> torch.Tensor:
-    """(N_in, C_in) features, [K, C_in, C_out] kernel -> (N_out, C_out) features."""
+def sparse_conv(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(N_in, C_in) features, [K, C_in, C_out] kernel, optional (1, C_out) bias -> (N_out, C_out)
+    features. The bias is the sum's first term (no extra pass over the output)."""
     if feats.shape[0] != kmap.n_in:
         raise ValueError(f"features have {feats.shape[0]} rows, kernel map expects {kmap.n_in}")
     if _use_table(feats, kmap):
-        return _conv_by_table(feats, kernel, kmap)
-    return _conv_by_offset(feats, kernel, kmap)
+        return _conv_by_table(feats, kernel, kmap, bias)
+    return _conv_by_offset(feats, kernel, kmap, bias)
 
 
 def _use_table(feats: torch.Tensor, kmap: KernelMap) -> bool:
@@ -40,22 +42,26 @@ def _use_table(feats: torch.Tensor, kmap: KernelMap) -> bool:
     return feats.device.type != "cpu" and kmap.n_out * offsets * feats.shape[1] <= TABLE_BUDGET
 
 
-def _conv_by_table(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap) -> torch.Tensor:
+def _conv_by_table(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
+                   bias: torch.Tensor | None) -> torch.Tensor:
     table, ids = kmap.neighbour_table()
     padded = torch.cat([feats, feats.new_zeros(1, feats.shape[1])])  # row n_in: "no input"
     gathered = padded[table].reshape(kmap.n_out, -1)  # (N_out, K' C_in)
     stacked = kernel[ids].reshape(-1, kernel.shape[-1])
-    return gathered @ stacked
+    return gathered @ stacked if bias is None else torch.addmm(bias, gathered, stacked)
 
 
-def _conv_by_offset(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap) -> torch.Tensor:
+def _conv_by_offset(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
+                    bias: torch.Tensor | None) -> torch.Tensor:
     # unbind once: indexing kernel[k] per offset would make autograd add a full-size zero
     # gradient per offset (quadratic in K, which is 729 in 6-D)
     weights = kernel.unbind(0)
     if kmap.identity is not None:  # centre offset of a stride-1 map: a plain matmul, no scatter
-        out = feats @ weights[kmap.identity]
-    else:
+        out = feats @ weights[kmap.identity] if bias is None else torch.addmm(bias, feats, weights[kmap.identity])
+    elif bias is None:
         out = feats.new_zeros(kmap.n_out, kernel.shape[-1])
+    else:
+        out = bias.expand(kmap.n_out, -1).clone()
     for k, i, o in zip(kmap.kernel_ids, kmap.in_idx, kmap.out_idx):
         out.index_add_(0, o, feats.index_select(0, i) @ weights[k])
     return out

@@ -64,8 +64,9 @@ class Conv(nn.Module):
     def _kernel3(self) -> torch.Tensor:
         return self.kernel if self.kernel.ndim == 3 else self.kernel[None]
 
-    def _add_bias(self, feats: torch.Tensor) -> torch.Tensor:
-        return feats if self.bias is None else feats + self.bias
+    def _linear(self, feats: torch.Tensor) -> torch.Tensor:
+        """The 1x1 convolution: (N, C_in) @ [C_in, C_out] (+ bias in the same call)."""
+        return feats @ self.kernel if self.bias is None else torch.addmm(self.bias, feats, self.kernel)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         if not _is_ours(x):
@@ -73,11 +74,25 @@ class Conv(nn.Module):
         if x.dim != self.dim:
             raise ValueError(f"layer is {self.dim}-D, input is {x.dim}-D")
         if self.kernel_size == 1:
-            return x.replace(self._add_bias(x.feats @ self.kernel))
+            return x.replace(self._linear(x.feats))
         out_stride = x.stride * self.stride
         kmap = x.manager.kernel_map(x.stride, out_stride, self.kernel_size)
-        feats = sparse_conv(x.feats, self._kernel3(), kmap)
-        return SparseTensor(self._add_bias(feats), stride=out_stride, manager=x.manager)
+        feats = sparse_conv(x.feats, self._kernel3(), kmap, self.bias)
+        return SparseTensor(feats, stride=out_stride, manager=x.manager)
+
+    def fold(self, norm: BatchNorm) -> None:
+        """Make this convolution compute ``norm(conv(x))`` of an eval-mode BatchNorm by itself:
+        BN(y) = s y + (beta - s mu) with s = gamma / sqrt(var + eps) per output channel, so the
+        kernel's output columns are scaled by s and the shift becomes (part of) the bias. For
+        inference only (``ResUNet.folded``): the BatchNorm's pass over the features goes."""
+        bn = norm.bn
+        with torch.no_grad():
+            scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+            shift = bn.bias - bn.running_mean * scale
+            if self.bias is not None:
+                shift = shift + self.bias[0] * scale
+            self.kernel.mul_(scale)  # the last axis is C_out for both kernel layouts
+            self.bias = nn.Parameter(shift[None].clone(), requires_grad=self.kernel.requires_grad)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -102,8 +117,8 @@ class ConvTranspose(Conv):
             raise ValueError(f"cannot upsample a stride-{x.stride} tensor by {self.stride}")
         out_stride = x.stride // self.stride
         kmap = x.manager.kernel_map(out_stride, x.stride, self.kernel_size).transposed()
-        feats = sparse_conv(x.feats, self._kernel3(), kmap)
-        return SparseTensor(self._add_bias(feats), stride=out_stride, manager=x.manager)
+        feats = sparse_conv(x.feats, self._kernel3(), kmap, self.bias)
+        return SparseTensor(feats, stride=out_stride, manager=x.manager)
 
 
 class BatchNorm(nn.Module):
@@ -126,10 +141,14 @@ class BatchNorm(nn.Module):
         return x.replace(self.bn(x.feats))
 
 
-def relu(x: SparseTensor) -> SparseTensor:
-    """max(0, features), coordinates unchanged."""
+def relu(x: SparseTensor, inplace: bool = False) -> SparseTensor:
+    """max(0, features), coordinates unchanged. ``inplace``: overwrite ``x``'s features when no
+    gradient flows through them (inference; only for a tensor nothing else reads, e.g. a layer's
+    fresh output): one allocation fewer."""
     if not _is_ours(x):
         return _minkowski().apply_features(x, torch.relu)
+    if inplace and not x.feats.requires_grad:
+        return x.replace(torch.relu_(x.feats))
     return x.replace(torch.relu(x.feats))
 
 
@@ -138,12 +157,15 @@ class ReLU(nn.Module):
         return relu(x)
 
 
-def add(x: SparseTensor, y: SparseTensor) -> SparseTensor:
-    """Elementwise sum of two tensors on the same coordinates (residual connections)."""
+def add(x: SparseTensor, y: SparseTensor, inplace: bool = False) -> SparseTensor:
+    """Elementwise sum of two tensors on the same coordinates (residual connections); ``inplace``
+    adds ``y`` into ``x``'s features (as for :func:`relu`)."""
     if not _is_ours(x):
         return x + y
     if x.manager is not y.manager or x.stride != y.stride:
         raise ValueError("add needs tensors on the same coordinates")
+    if inplace and not (x.feats.requires_grad or y.feats.requires_grad):
+        return x.replace(x.feats.add_(y.feats))
     return x.replace(x.feats + y.feats)
 
 
@@ -165,9 +187,15 @@ class BasicBlock(nn.Module):
         self.norm2 = BatchNorm(channels, momentum)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        out = relu(self.norm1(self.conv1(x)))
+        out = relu(self.norm1(self.conv1(x)), inplace=True)  # fresh outputs: in place
         out = self.norm2(self.conv2(out))
-        return relu(add(out, x))
+        return relu(add(out, x, inplace=True), inplace=True)
+
+    def fold(self) -> None:
+        """Both BatchNorms into their convolutions (:meth:`Conv.fold`), replaced by identities."""
+        for conv, norm in (("conv1", "norm1"), ("conv2", "norm2")):
+            getattr(self, conv).fold(getattr(self, norm))
+            setattr(self, norm, nn.Identity())
 
 
 def global_pool(x: SparseTensor, mode: str = "avg") -> torch.Tensor:
