@@ -380,6 +380,63 @@ def test_a_slide_never_ends_at_zero_motion(registrar):
     assert kept is off and kept.slid_m is None and not kept.success
 
 
+def _refused(t_x: float, yaw_deg: float = 0.0, fitness: float = 0.5, moved_to: float | None = None,
+             heading: float = 0.0):
+    """A refused result at ``t_x`` metres along x (turned by ``yaw_deg``) of the hypothesis at
+    ``heading``, with the slide recovery's refused move to ``moved_to`` metres when given."""
+    from s2h_ros.pipeline import RegistrationResult
+
+    def result(x):
+        T = geometry.make_transform(Rotation.from_euler("z", yaw_deg, degrees=True).as_matrix(), np.array([x, 0.0, 0.0]))
+        return RegistrationResult(T, False, f"refused at {x:.1f} m", np.zeros((0, 2), np.int64), np.zeros(0, np.float32),
+                                  np.zeros((0, 3)), np.zeros((0, 3)), fitness=fitness)
+
+    r = result(t_x)
+    r.heading_deg = heading
+    if moved_to is not None:
+        r.refused_move = result(moved_to)
+        r.refused_move.slid_m = moved_to - t_x
+    return r
+
+
+def test_a_refused_search_returns_a_move_only_where_several_hypotheses_landed_together(registrar):
+    """``_agreed_move`` (no prior): hypotheses of two headings moved to one place give that place,
+    refused; one move alone, two of one heading (the learned estimate and RANSAC's on the same
+    matches), moves that land apart and moves turned from the search's best do not replace the
+    search's estimate."""
+    best = _refused(15.0)
+    together = [best, _refused(15.0, moved_to=4.0), _refused(15.1, moved_to=4.1, fitness=0.6, heading=90.0)]
+    got = registrar._agreed_move(best, together)
+    assert got is together[2].refused_move and not got.success
+    assert got.message.startswith("not trusted: 2 refused hypotheses at 2 headings") and "refused at 15.0 m" in got.message
+    assert got.heading_deg == 90.0
+    assert registrar._agreed_move(best, [best, _refused(15.0, moved_to=4.0)]) is best  # one move alone
+    one_heading = [_refused(15.0, moved_to=4.0), _refused(15.1, moved_to=4.1)]
+    assert registrar._agreed_move(best, [best] + one_heading) is best
+    apart = [_refused(15.0, moved_to=4.0), _refused(15.0, moved_to=9.0, heading=90.0)]
+    assert registrar._agreed_move(best, [best] + apart) is best
+    turned = [_refused(15.0, 180.0, moved_to=4.0), _refused(15.0, 180.0, moved_to=4.1, heading=90.0)]
+    assert registrar._agreed_move(best, [best] + turned) is best
+
+
+def test_a_sparse_highway_pair_returns_where_its_hypotheses_slides_landed(registrar):
+    """Development VLP-16 highway pair (matrix base seed 1131, world 138, scans 22 -> 16, 12.7 m
+    apart): the hypotheses of every heading land at zero motion, 12.7 m along the road from the
+    truth, and are refused; the slide
+    recovery moves several of them to within 10 cm of the truth, refused there too (the weakest
+    constraint stays below ``min_constraint``). That place is what comes back, still untrusted."""
+    from s2h_ros.evaluation.matrix import PairSettings, cell_pairs, matrix_cells
+
+    (cell,) = matrix_cells(1131, sensors="vlp16", families="highway", mixed=[], indoor_sensors=[], real=[])
+    (pair,) = [p for p in cell_pairs(cell, PairSettings()) if p.name.endswith("00022_00016")]
+    result = registrar.register(pair.source, pair.target)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert not result.success
+    assert te < 0.3 and re < 1.0, (te, re, result.message)
+    assert result.slid_m is not None and abs(result.slid_m) > 10.0
+    assert result.message.startswith("not trusted: "), result.message
+
+
 def test_a_tilted_16_beam_slide_is_judged_along_the_ground_and_not_trusted(registrar):
     """The slide above with both scans tilted (a handheld or pitched VLP-16: source 25 deg, target
     20 deg about other axes). Ground and structure are told apart against each cloud's levelled
