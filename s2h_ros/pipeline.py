@@ -852,9 +852,10 @@ class Registrar:
                                        structure=structure)
         if structure and not hyp.message:
             result = self._slide_recovered(src, tgt, result, timer)
-        result.num_candidates, result.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
-        result.used_fallback, result.heading_deg = bool(hyp.fallback), hyp.heading
-        result.fallback = hyp.fallback
+        for r in (result, result.refused_move) if result.refused_move is not None else (result,):
+            r.num_candidates, r.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
+            r.used_fallback, r.heading_deg = bool(hyp.fallback), hyp.heading
+            r.fallback = hyp.fallback
         return result
 
     def _slide_recovered(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
@@ -935,20 +936,19 @@ class Registrar:
         (the odometry) nothing changes: the odometry weighs the search's estimate against
         its own hypotheses by how well each explains the scan, and a move can explain it less."""
         cfg = self.config
-        moves = [(v.heading_deg, v.refused_move) for v in verified if v.refused_move is not None
+        moves = [v.refused_move for v in verified if v.refused_move is not None
                  and geometry.transform_errors(v.refused_move.transform, result.transform)[0] < AGREE_ROTATION_DEG]
-        best: list[tuple[float, RegistrationResult]] = []
-        for _, m in moves:
-            group = [(h, o) for h, o in moves if agree(o.transform, m.transform, cfg.inlier_distance)]
-            if len({h for h, _ in group}) >= AGREED_MOVES and len(group) > len(best):
+        best: list[RegistrationResult] = []
+        for m in moves:
+            group = [o for o in moves if agree(o.transform, m.transform, cfg.inlier_distance)]
+            if len({o.heading_deg for o in group}) >= AGREED_MOVES and len(group) > len(best):
                 best = group
         if not best:
             return result
-        heading, chosen = max(best, key=lambda ho: ho[1].fitness)
-        chosen.heading_deg = heading
-        chosen.message = (f"not trusted: {len(best)} refused hypotheses at {len({h for h, _ in best})} headings, each "
-                          f"moved along the weakest direction to where the structure fits, landed together; this "
-                          f"is where ({chosen.message}). The search's best unmoved: {result.message}")
+        chosen = max(best, key=lambda o: o.fitness)
+        chosen.message = (f"not trusted: {len(best)} refused hypotheses at {len({o.heading_deg for o in best})} "
+                          f"headings, each moved along the weakest direction to where the structure fits, landed "
+                          f"together; this is where ({chosen.message}). The search's best unmoved: {result.message}")
         return chosen
 
     def headings(self, src: PreparedCloud, support, init: np.ndarray | None = None,

@@ -395,7 +395,7 @@ def _refused(t_x: float, yaw_deg: float = 0.0, fitness: float = 0.5, moved_to: f
     r.heading_deg = heading
     if moved_to is not None:
         r.refused_move = result(moved_to)
-        r.refused_move.slid_m = moved_to - t_x
+        r.refused_move.slid_m, r.refused_move.heading_deg = moved_to - t_x, heading
     return r
 
 
@@ -435,6 +435,7 @@ def test_a_sparse_highway_pair_returns_where_its_hypotheses_slides_landed(regist
     assert te < 0.3 and re < 1.0, (te, re, result.message)
     assert result.slid_m is not None and abs(result.slid_m) > 10.0
     assert result.message.startswith("not trusted: "), result.message
+    assert result.num_candidates > 0 and result.weight_sum > 0  # the moved hypothesis's own match statistics
 
 
 def test_a_tilted_16_beam_slide_is_judged_along_the_ground_and_not_trusted(registrar):
