@@ -852,7 +852,8 @@ class Registrar:
                                        structure=structure)
         if structure and not hyp.message:
             result = self._slide_recovered(src, tgt, result, timer)
-        for r in (result, result.refused_move) if result.refused_move is not None else (result,):
+        moved = result.refused_move  # a refused move carries its hypothesis's statistics too
+        for r in (result,) if moved is None else (result, moved):
             r.num_candidates, r.weight_sum = hyp.num_candidates, float(hyp.weights.sum())
             r.used_fallback, r.heading_deg = bool(hyp.fallback), hyp.heading
             r.fallback = hyp.fallback

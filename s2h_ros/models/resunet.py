@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from s2h_ros.sparse import BasicBlock, BatchNorm, Conv, ConvTranspose, SparseTensor, cat, relu
+from s2h_ros.sparse.layers import fold_batch_norms
 
 
 @dataclass
@@ -84,15 +85,10 @@ class ResUNet(nn.Module):
         to float rounding, without the BatchNorm passes (one pass over the features and one kernel
         launch each; 21 of them in FCGF). The original is unchanged."""
         copy = deepcopy(self).eval().requires_grad_(False)
-        pairs = [("conv1", "norm1")] + [(f"conv{i}", f"norm{i}") for i in (2, 3, 4)] \
-            + [(f"conv{i}_tr", f"norm{i}_tr") for i in (4, 3, 2)]
-        for conv, norm in pairs:
-            getattr(copy, conv).fold(getattr(copy, norm))
-            setattr(copy, norm, nn.Identity())
-        for i in (1, 2, 3, 4):
-            for block in (f"block{i}", f"block{i}_tr"):
-                if hasattr(copy, block):
-                    getattr(copy, block).fold()
+        fold_batch_norms(copy, [("conv1", "norm1")] + [(f"conv{i}", f"norm{i}") for i in (2, 3, 4)]
+                         + [(f"conv{i}_tr", f"norm{i}_tr") for i in (4, 3, 2)])
+        for block in [m for m in copy.modules() if isinstance(m, BasicBlock)]:
+            block.fold()
         return copy
 
 

@@ -36,6 +36,11 @@ def sparse_conv(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
     return _conv_by_offset(feats, kernel, kmap, bias)
 
 
+def linear(feats: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``(N, C_in) @ [C_in, C_out]``, plus an optional ``(1, C_out)`` bias in the same matmul."""
+    return feats @ weight if bias is None else torch.addmm(bias, feats, weight)
+
+
 def _use_table(feats: torch.Tensor, kmap: KernelMap) -> bool:
     """The neighbour table off the CPU, when it fits ``TABLE_BUDGET``."""
     offsets = len(kmap.kernel_ids) + (kmap.identity is not None)
@@ -48,7 +53,7 @@ def _conv_by_table(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
     padded = torch.cat([feats, feats.new_zeros(1, feats.shape[1])])  # row n_in: "no input"
     gathered = padded[table].reshape(kmap.n_out, -1)  # (N_out, K' C_in)
     stacked = kernel[ids].reshape(-1, kernel.shape[-1])
-    return gathered @ stacked if bias is None else torch.addmm(bias, gathered, stacked)
+    return linear(gathered, stacked, bias)
 
 
 def _conv_by_offset(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
@@ -57,7 +62,7 @@ def _conv_by_offset(feats: torch.Tensor, kernel: torch.Tensor, kmap: KernelMap,
     # gradient per offset (quadratic in K, which is 729 in 6-D)
     weights = kernel.unbind(0)
     if kmap.identity is not None:  # centre offset of a stride-1 map: a plain matmul, no scatter
-        out = feats @ weights[kmap.identity] if bias is None else torch.addmm(bias, feats, weights[kmap.identity])
+        out = linear(feats, weights[kmap.identity], bias)
     elif bias is None:
         out = feats.new_zeros(kmap.n_out, kernel.shape[-1])
     else:

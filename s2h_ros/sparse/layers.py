@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from s2h_ros.sparse.conv import sparse_conv
+from s2h_ros.sparse.conv import linear, sparse_conv
 from s2h_ros.sparse.tensor import SparseTensor
 from s2h_ros.sparse.tensor import cat as _cat
 
@@ -64,17 +64,13 @@ class Conv(nn.Module):
     def _kernel3(self) -> torch.Tensor:
         return self.kernel if self.kernel.ndim == 3 else self.kernel[None]
 
-    def _linear(self, feats: torch.Tensor) -> torch.Tensor:
-        """The 1x1 convolution: (N, C_in) @ [C_in, C_out] (+ bias in the same call)."""
-        return feats @ self.kernel if self.bias is None else torch.addmm(self.bias, feats, self.kernel)
-
     def forward(self, x: SparseTensor) -> SparseTensor:
         if not _is_ours(x):
             return _minkowski().conv(self, x)
         if x.dim != self.dim:
             raise ValueError(f"layer is {self.dim}-D, input is {x.dim}-D")
         if self.kernel_size == 1:
-            return x.replace(self._linear(x.feats))
+            return x.replace(linear(x.feats, self.kernel, self.bias))
         out_stride = x.stride * self.stride
         kmap = x.manager.kernel_map(x.stride, out_stride, self.kernel_size)
         feats = sparse_conv(x.feats, self._kernel3(), kmap, self.bias)
@@ -192,10 +188,16 @@ class BasicBlock(nn.Module):
         return relu(add(out, x, inplace=True), inplace=True)
 
     def fold(self) -> None:
-        """Both BatchNorms into their convolutions (:meth:`Conv.fold`), replaced by identities."""
-        for conv, norm in (("conv1", "norm1"), ("conv2", "norm2")):
-            getattr(self, conv).fold(getattr(self, norm))
-            setattr(self, norm, nn.Identity())
+        """Both BatchNorms into their convolutions (:func:`fold_batch_norms`)."""
+        fold_batch_norms(self, [("conv1", "norm1"), ("conv2", "norm2")])
+
+
+def fold_batch_norms(module: nn.Module, pairs: list[tuple[str, str]]) -> None:
+    """For each (conv, norm) attribute pair of ``module``: the BatchNorm folded into the
+    convolution before it (:meth:`Conv.fold`) and replaced by an identity. Inference only."""
+    for conv, norm in pairs:
+        getattr(module, conv).fold(getattr(module, norm))
+        setattr(module, norm, nn.Identity())
 
 
 def global_pool(x: SparseTensor, mode: str = "avg") -> torch.Tensor:
