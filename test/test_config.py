@@ -66,8 +66,8 @@ def test_bad_overrides_text_names_the_key(text, named):
 
 
 def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
-    """config/register.yaml is the defaults; config/depth_camera.yaml over it changes what it names;
-    a later file wins; an unknown registration key is refused naming it."""
+    """config/register.yaml is the defaults; config/depth_camera.yaml or config/cpu.yaml over it
+    changes what it names; a later file wins; an unknown registration key is refused naming it."""
     from s2h_ros.paths import config_dir
 
     base = config_dir() / "register.yaml"
@@ -76,6 +76,8 @@ def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
     reg, odo = configs_from_params_files([base, config_dir() / "depth_camera.yaml"])
     assert (reg.voxel_size, reg.inlier_distance, reg.prior_radius, odo.keyframe_distance) == (0.05, 0.1, 0.25, 1.0)
     assert reg.min_fitness == RegistrationConfig().min_fitness  # untouched keys keep the defaults
+    reg, odo = configs_from_params_files([base, config_dir() / "cpu.yaml"])
+    assert reg == RegistrationConfig(max_points=11000) and odo == OdometryConfig()  # the CPU profile: fewer voxels only
     later = tmp_path / "later.yaml"
     later.write_text("registration_node:\n  ros__parameters:\n    registration:\n      voxel_size: 0.2\n")
     assert configs_from_params_files([config_dir() / "depth_camera.yaml", later])[0].voxel_size == 0.2

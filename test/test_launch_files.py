@@ -105,7 +105,7 @@ def test_launch_file_parameters_are_declared_by_their_node(path):
         assert not unknown, f"{path.name}: {node['name']} does not declare {unknown}"
 
 
-@pytest.mark.parametrize("name", ["register.yaml", "kitti.yaml", "depth_camera.yaml"])
+@pytest.mark.parametrize("name", ["register.yaml", "kitti.yaml", "depth_camera.yaml", "cpu.yaml"])
 def test_config_file_parameters_are_declared_by_their_node(name):
     data = yaml.safe_load((ROOT / "config" / name).read_text())
     assert data
