@@ -8,7 +8,9 @@
 # on the same scans beside it, ending with a short summary (rate, ATE, KITTI drift, latency, trusted
 # and dropped scans), the metrics (results/demo/replay/metrics.json) and a top-view trajectory plot
 # (trajectory.png). Extra arguments go to `s2h replay` (e.g. --rate 0 for lock-step,
-# -p registration.device:=cuda).
+# -p registration.device:=cuda). The node registers on the CPU unless told otherwise, and then with
+# config/cpu.yaml (fewer voxels a scan: docs/performance.md, "Fewer voxels on a CPU"); with a
+# registration.device:=cuda argument it runs the defaults.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
@@ -24,4 +26,7 @@ if [ ! -f "$OUT/sequence/poses.txt" ] || [ "$(cat "$OUT/sequence/drive" 2>/dev/n
   .venv/bin/s2h simulate --out "$OUT/sequence" --length-m "$LENGTH" --speed 15 --seed 9 --sensor hdl64
   echo "$LENGTH m seed 9" > "$OUT/sequence/drive"
 fi
-.venv/bin/s2h replay "$OUT/sequence" --rate auto --out "$OUT/replay" --baseline kiss_icp "$@"
+PROFILE=(--params-file config/cpu.yaml)
+if [[ " $* " == *"registration.device:=cuda"* ]]; then PROFILE=(); fi
+echo "[demo] node settings: config/register.yaml, config/kitti.yaml${PROFILE[1]:+, ${PROFILE[1]}}"
+.venv/bin/s2h replay "$OUT/sequence" --rate auto --out "$OUT/replay" --baseline kiss_icp "${PROFILE[@]}" "$@"

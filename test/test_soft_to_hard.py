@@ -163,6 +163,36 @@ def test_prior_support_keeps_only_partners_near_the_predicted_position():
     assert far[0].numel() == 0
 
 
+def test_prior_support_equals_brute_force_feature_ranking_of_the_spatial_candidates():
+    from s2h_ros.matching import prior_support
+
+    src, tgt, T, fx, fy, tree = _scene_with_features(500, seed=5)
+    predicted = src @ T[:3, :3].T + T[:3, 3] + np.array([0.2, -0.1, 0.0])
+    rows, cols = prior_support(predicted, tree, fx, fy, radius=1.2, k=3, candidates=8)
+    expected = set()
+    for i, p in enumerate(predicted):
+        dist, near = tree.query(p, k=8, distance_upper_bound=1.2)
+        near = near[np.isfinite(dist)]
+        feature_d = ((fy[near] - fx[i]) ** 2).sum(1).numpy()
+        expected.update((i, int(j)) for j in near[np.argsort(feature_d, kind="stable")[:3]])
+    assert set(zip(rows.tolist(), cols.tolist())) == expected
+
+
+def test_edge_scores_are_negative_squared_feature_distances_with_their_gradient_also_at_zero():
+    from s2h_ros.matching.soft_to_hard import edge_scores
+
+    fx, fy, _ = _planted_features(40, 10, 0.1, seed=2)
+    fy[3] = fx[5]  # one edge at distance zero
+    rows, cols = torch.tensor([0, 5, 7, 5]), torch.tensor([1, 3, 7, 9])
+    fx.requires_grad_()
+    scores = edge_scores(fx, fy, rows, cols, temperature=0.05)
+    expected = -((fx.detach()[rows] - fy[cols]) ** 2).sum(1) / 0.05
+    assert torch.allclose(scores.detach(), expected, atol=1e-5) and float(scores[1]) == 0.0
+    (grad,) = torch.autograd.grad(scores.sum(), fx)
+    by_hand = torch.zeros_like(fx).index_add_(0, rows, -2.0 * (fx.detach()[rows] - fy[cols]) / 0.05)
+    assert torch.isfinite(grad).all() and torch.allclose(grad, by_hand, atol=1e-4)
+
+
 def test_s2h_on_the_prior_support_recovers_the_true_partners():
     from s2h_ros.matching import prior_support
 

@@ -63,7 +63,7 @@ def _segment_logsumexp(x: torch.Tensor, seg: torch.Tensor, n: int, extra: float)
     m = torch.full((n,), float(extra), dtype=x.dtype, device=x.device)
     m = m.scatter_reduce(0, seg, x.detach(), reduce="amax", include_self=True)
     total = torch.exp(x.new_tensor(float(extra)) - m)
-    total = total.index_add(0, seg, torch.exp(x - m[seg]))
+    total = total.index_add(0, seg, torch.exp(x - m.index_select(0, seg)))
     return m + torch.log(total)
 
 
@@ -94,9 +94,10 @@ def sparse_augmented_sinkhorn(
         raise ValueError(f"iters must be >= 1, got {iters}")
     u = scores.new_zeros(n_x)
     v = scores.new_zeros(n_y)
+    # index_select, not u[rows]: the same gather, several times faster on the CPU (torch 2.13)
     for _ in range(iters):
-        u = -_segment_logsumexp(scores + v[cols], rows, n_x, slack_score)
-        v = -_segment_logsumexp(scores + u[rows], cols, n_y, slack_score)
-    p = torch.exp(scores + u[rows] + v[cols])
+        u = -_segment_logsumexp(scores + v.index_select(0, cols), rows, n_x, slack_score)
+        v = -_segment_logsumexp(scores + u.index_select(0, rows), cols, n_y, slack_score)
+    p = torch.exp(scores + u.index_select(0, rows) + v.index_select(0, cols))
     row_mass = p.new_zeros(n_x).index_add(0, rows, p)
-    return p / row_mass.clamp(min=1.0)[rows]
+    return p / row_mass.clamp(min=1.0).index_select(0, rows)
