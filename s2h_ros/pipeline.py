@@ -1623,16 +1623,27 @@ def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     """The strongest sideways-shifted copy of the result ``T`` (local frames): the source's voxels
     off the ground, with their normals, against the whole target, on a grid of ``inlier_distance``
     (:func:`s2h_ros.repetition.repetition`), shifted along the target's ground: in its levelled frame
-    when its features were levelled (a tilted sensor's x, y would lift a slide out of the plane)."""
+    when its features were levelled (a tilted sensor's x, y would lift a slide out of the plane).
+    With the free-space test on (``max_free_space``) a copy counts only where it would pass that
+    test itself: one that lays more of the scan's structure where the target's rays passed is not
+    a pose the data support (``Repetition.set_aside`` counts the copies passed over)."""
     lo, hi = REPETITION_SHIFT_DISTANCES
     d = cfg.inlier_distance
     structure, moved = moved_off_ground(src, T, cfg)
     aligned = tgt.feature_frame(moved)
     normals = tgt.feature_frame(src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T)
+    to_local = np.eye(3) if tgt.level is None else tgt.level  # a shift in the frame the test runs in -> local
+
+    def admissible(shift: np.ndarray) -> bool:  # seen_through_of the copy: the same voxels, moved by the shift
+        seen = free_space(moved + shift @ to_local + tgt.origin, tgt.range_image(), cfg.inlier_distance)
+        return not _free_space_refusal(seen, cfg)
+
+    check = admissible if cfg.max_free_space > 0 else None
     if tgt.level is None:
-        return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d, tree=tgt.spatial_index())
+        return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d,
+                          tree=tgt.spatial_index(), admissible=check)
     # A levelled keyframe: shifts along its ground, not its tilted x, y; the copy's shift back in its frame.
-    found = repetition(aligned, normals, tgt.feature_frame_xyz(), d, lo * d, hi * d)
+    found = repetition(aligned, normals, tgt.feature_frame_xyz(), d, lo * d, hi * d, admissible=check)
     return dataclasses.replace(found, shift=found.shift @ tgt.level)
 
 

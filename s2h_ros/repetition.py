@@ -25,6 +25,16 @@ for right results in rooms, offices, warehouses and streets, about 1 or more whe
 sits one period from the truth (a copy that fits at least as well). Slides along a corridor make
 a ridge, not a peak; the degeneracy test (``s2h_ros.degeneracy``) judges those.
 
+A copy counts only where the data allow it (``admissible``; the pipeline asks the target
+sensor's free space, ``s2h_ros.free_space``): a copy that lays the scan's structure where the
+target's rays passed is not a second pose the data support, however well its surfaces land. A
+narrow view (a Livox rosette, 70 deg) that shares a fifth of its scene with the target leaves
+most of its structure where the target saw nothing, so a copy 15-25 m along a street can land
+as much of it on the target's facades as the result does (right results refused at 0.9-1.6); on
+development worlds the strongest copies of right results laid 0-64 % of it in the target's
+seen-through space (those that refused them 6, 14 and 16 %), the results themselves 0-4 %. The
+copy one rack bay on in a warehouse, or the truth beside a wrong result, lays next to none there.
+
 Why by hand: the correlation is SciPy's FFT (``scipy.fft.rfft2`` over the two horizontal axes,
 summed over the z layers) and the distances SciPy's k-d tree; what is written here is the
 gridding, the peak rule and the weighting, which no library offers for this question.
@@ -32,6 +42,7 @@ gridding, the peak rule and the weighting, which no library offers for this ques
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -44,6 +55,7 @@ class Repetition:
     shift: np.ndarray  # (3,) float64 metres, d* in the target frame (zeros when no peak); horizontal in the
     # frame the test ran in (the target's own, or its levelled one: s2h_ros.pipeline.result_repetition)
     fit: float  # C(0) / N: off-ground points within about one cell at the result
+    set_aside: int = 0  # stronger copies passed over because the data contradict them (``admissible``)
 
     def describe(self) -> str:
         return f"({self.shift[0]:+.2f}, {self.shift[1]:+.2f}, {self.shift[2]:+.2f}) m"
@@ -55,7 +67,7 @@ class Repetition:
                 f"(rack bays, colonnades) or the result slid along it")
 
     def to_dict(self) -> dict:
-        return {"ratio": self.ratio, "shift_m": self.shift.tolist(), "fit": self.fit}
+        return {"ratio": self.ratio, "shift_m": self.shift.tolist(), "fit": self.fit, "set_aside": self.set_aside}
 
 
 # The 27 offsets of a cell's neighbourhood (itself included).
@@ -151,13 +163,14 @@ WEIGHED_POINTS = 5000
 
 
 def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cell: float, min_shift: float,
-               max_shift: float, tree=None) -> Repetition:
+               max_shift: float, tree=None, admissible: Callable[[np.ndarray], bool] | None = None) -> Repetition:
     """The repetition of a result: ``aligned`` ``(N, 3)`` source points off the ground, already
     moved by the result into the target's frame, with their ``(N, 3)`` unit normals (rotated
     likewise); ``target`` ``(M, 3)`` (``tree``: its cKDTree when one exists). Shifts of
     ``min_shift`` to ``max_shift`` metres in x and y on a grid of ``cell``: the correlation map's
     ``CANDIDATE_PEAKS`` highest peaks, each weighed by :func:`directional_ratio`; the highest
-    ratio wins (see the module text)."""
+    ratio among the copies ``admissible`` allows (a ``(3,)`` shift -> bool; None: all) wins, and
+    ``set_aside`` counts the stronger ones it did not (see the module text)."""
     from scipy.spatial import cKDTree
 
     if len(aligned) == 0 or len(target) == 0:
@@ -170,12 +183,16 @@ def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cel
         keep = np.random.default_rng(0).choice(len(aligned), WEIGHED_POINTS, replace=False)
         aligned, normals = aligned[keep], normals[keep]
     fits = tree.query(aligned, distance_upper_bound=cell)[0] < cell
-    best = Repetition(0.0, np.zeros(3), fit)
+    copies = []  # (ratio, shift) of each peak that does not slide back onto the result itself
     for peak in peak_shifts(scores, cell, min_shift, CANDIDATE_PEAKS):
         shift = settled_shift(aligned, target, tree, peak, cell)
-        if np.linalg.norm(shift) < min_shift:  # slid back onto the result itself
-            continue
-        ratio = directional_ratio(aligned, normals, fits, tree, shift, cell)
-        if ratio > best.ratio:
-            best = Repetition(ratio, np.append(shift, 0.0), fit)
-    return best
+        if np.linalg.norm(shift) >= min_shift:
+            copies.append((directional_ratio(aligned, normals, fits, tree, shift, cell), np.append(shift, 0.0)))
+    set_aside = 0
+    for ratio, shift in sorted(copies, key=lambda copy: -copy[0]):
+        if ratio <= 0.0:
+            break
+        if admissible is None or admissible(shift):
+            return Repetition(ratio, shift, fit, set_aside)
+        set_aside += 1
+    return Repetition(0.0, np.zeros(3), fit, set_aside)

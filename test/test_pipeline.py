@@ -338,6 +338,12 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
         alone = Registrar(no_slide.replace(min_structure_fitness=0.0)).register(src, tgt)
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 10.0
     assert not alone.success and alone.message.startswith("ambiguous: shifted by"), alone.message
+    # With the free-space test on, the copy still counts: at the truth the target saw the scan's
+    # structure where it is, so the copy is not set aside (s2h_ros.pipeline.result_repetition).
+    local = geometry.shift_transform(unchecked.transform, -src.origin, -tgt.origin)
+    copy = pipeline.result_repetition(src, tgt, local, RegistrationConfig())
+    assert copy.ratio >= RegistrationConfig().max_repetition and copy.set_aside == 0, copy
+    assert np.linalg.norm(unchecked.transform[:3, 3] + copy.shift - pair.T_gt[:3, 3]) < 1.0, copy.describe()
     assert alone.repetition.ratio > 2.0
     # The right transform explains the structures better than the ground-driven one does.
     local = lambda T: geometry.shift_transform(T, -src.origin, -tgt.origin)  # noqa: E731
