@@ -204,22 +204,33 @@ def test_a_stale_prediction_does_not_vouch_for_tracking(soak_drive, guard):
         assert ("repetition" in step.result.timings) == (guard == "repetition")
 
 
-def test_a_right_tracking_result_keeps_when_icp_from_its_copy_explains_the_scan_worse(registrar):
+@pytest.mark.parametrize("free_space", [False, True])
+def test_a_right_tracking_result_keeps_when_icp_from_its_copy_explains_the_scan_worse(free_space):
     """A VLP-16 town drive (held-out world 41) taken every 1.2 s: at scan 216 the repetition test
     finds a copy 7.3 m on that fits the structure 1.45 times as well (the sparse rings, not the
-    street, repeat), but ICP from that copy explains the scan clearly worse than tracking's result,
-    which is right and stays trusted."""
+    street, repeat). Counting that copy (``max_free_space`` 0, where every copy counts), it refuses
+    the global search's result, but ICP from it explains the scan clearly worse than tracking's
+    result, which is right and stays trusted. With the free-space test on (the default) the copy
+    lays the scan where the target's rays passed, so it is set aside (``result_repetition``) and
+    the global search's result stands at the same, right pose."""
     from s2h_ros.datasets.synthetic import simulate_sequence
+    from s2h_ros.pipeline import Registrar
 
+    registrar = Registrar(RegistrationConfig() if free_space else RegistrationConfig(max_free_space=0.0))
     seq = simulate_sequence(n_frames=217, seed=41, sensor="vlp16", kind="outdoor", speed=10.0)
     odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
     before = [odo.step(seq[i].points, float(seq.stamps[i])) for i in (192, 204)]
     assert all(s.success for s in before)
     assert odo._prediction_stale(float(seq.stamps[216]))
     step = odo.step(seq[216].points, float(seq.stamps[216]))
-    assert step.success and step.result.search == "prior", step.message
-    assert step.result.repetition is not None and step.result.repetition.ratio >= registrar.config.max_repetition
-    assert "alt_refine" in step.result.timings  # ICP from the copy ran
+    max_repetition = registrar.config.max_repetition
+    if free_space:
+        assert step.success and step.result.search == "global", step.message
+        assert step.result.repetition.ratio < max_repetition and step.result.repetition.set_aside >= 1
+    else:
+        assert step.success and step.result.search == "prior", step.message
+        assert step.result.repetition is not None and step.result.repetition.ratio >= max_repetition
+        assert "alt_refine" in step.result.timings  # ICP from the copy ran
     te = geometry.transform_errors(geometry.invert_transform(before[1].pose) @ step.pose, _truth(seq, 204, 216))[1]
     assert te < 0.1, te
 
