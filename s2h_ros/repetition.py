@@ -51,7 +51,7 @@ import numpy as np
 class Repetition:
     """The strongest shifted copy of a result (see the module text)."""
 
-    ratio: float  # weighted fit of the copy / at the result: 0 when no peak, about 1 or more when it fits as well
+    ratio: float  # weighted fit of the copy / at the result: 0 when no copy counts, about 1 or more when it fits as well
     shift: np.ndarray  # (3,) float64 metres, d* in the target frame (zeros when no peak); horizontal in the
     # frame the test ran in (the target's own, or its levelled one: s2h_ros.pipeline.result_repetition)
     fit: float  # C(0) / N: off-ground points within about one cell at the result
