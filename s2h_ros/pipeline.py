@@ -1634,9 +1634,10 @@ def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     normals = tgt.feature_frame(src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T)
     to_local = np.eye(3) if tgt.level is None else tgt.level  # a shift in the frame the test runs in -> local
 
-    def admissible(shift: np.ndarray) -> bool:  # seen_through_of the copy: the same voxels, moved by the shift
-        seen = free_space(moved + shift @ to_local + tgt.origin, tgt.range_image(), cfg.inlier_distance)
-        return not _free_space_refusal(seen, cfg)
+    def admissible(shift: np.ndarray) -> bool:
+        copy = np.array(T, np.float64, copy=True)
+        copy[:3, 3] += shift @ to_local
+        return not _free_space_refusal(seen_through_of(src, tgt, copy, cfg), cfg)
 
     check = admissible if cfg.max_free_space > 0 else None
     if tgt.level is None:

@@ -277,8 +277,7 @@ def test_a_narrow_views_copy_that_the_target_saw_through_does_not_refuse_a_right
     data support: the result is trusted, its strongest copies set aside."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
-    from s2h_ros.free_space import free_space
-    from s2h_ros.pipeline import moved_off_ground
+    from s2h_ros.pipeline import seen_through_of
 
     pairs = synthetic_pairs(10, 878, sensor="hdl32", target_sensor="livox", family="town",
                             min_distance=10.0, max_distance=20.0)
@@ -292,11 +291,10 @@ def test_a_narrow_views_copy_that_the_target_saw_through_does_not_refuse_a_right
     local = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
     unchecked = result_repetition(src, tgt, local, cfg.replace(max_free_space=0.0))
     assert unchecked.ratio >= MAX_REPETITION and unchecked.set_aside == 0, unchecked  # it would refuse the result
-    _, moved = moved_off_ground(src, local, cfg)
-    image = tgt.range_image()
-    at_result = free_space(moved + tgt.origin, image, cfg.inlier_distance)
-    at_copy = free_space(moved + unchecked.shift + tgt.origin, image, cfg.inlier_distance)
-    assert at_result.through < 0.03 and at_copy.through > cfg.max_free_space, (at_result, at_copy)
+    copy = local.copy()
+    copy[:3, 3] += unchecked.shift  # the target is level: the shift is in its own frame
+    at_result, at_copy = seen_through_of(src, tgt, local, cfg), seen_through_of(src, tgt, copy, cfg)
+    assert tgt.level is None and at_result.through < 0.03 and at_copy.through > cfg.max_free_space, (at_result, at_copy)
 
 
 def _raw_kitti() -> tuple[np.ndarray, np.ndarray]:
