@@ -179,3 +179,22 @@ def test_a_heading_the_prior_guessed_wrong_is_not_trusted_before_the_heading_as_
     re, te = geometry.transform_errors(result.transform, truth)
     assert result.success and re < 0.5 and te < 0.1, (result.message, re, te, result.heading_deg)
     assert result.heading_deg == 0.0
+
+
+def test_a_decisive_match_at_the_heading_as_given_still_hears_the_turn_around():
+    """An office is nearly symmetric under a half turn: an OS1-64 pair of a development world (seed
+    274), its source turned by 170 deg, registered at the outdoor 0.3 m voxels. As given its matches
+    land decisively on the mirror of the truth (241 inlier matches, 180 deg / 2.9 m off), and a search
+    that stopped there trusted it. The turn-around is heard before anything is trusted
+    (``turn_around``): there the truth has 400, 1.5x the mirror's, and wins."""
+    from s2h_ros.evaluation.matrix import Cell, PairSettings, cell_pairs
+
+    office = Cell("os1_64/office", "sensor", "indoor", "office", "os1_64", "os1_64", seed=274)
+    pair = cell_pairs(office, PairSettings(n=5))[2]
+    mirror = Registrar(RegistrationConfig(turn_around=False)).register(pair.source, pair.target)
+    assert mirror.success and mirror.heading_deg == 0.0
+    assert geometry.transform_errors(mirror.transform, pair.T_gt)[0] > 170.0  # what stopping at once trusted
+    found = Registrar(RegistrationConfig()).register(pair.source, pair.target)
+    re, te = geometry.transform_errors(found.transform, pair.T_gt)
+    assert found.success and re < 0.5 and te < 0.1, (found.message, re, te)
+    assert found.heading_deg == 180.0 and found.num_inliers >= 1.5 * mirror.num_inliers
