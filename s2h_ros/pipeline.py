@@ -682,8 +682,8 @@ class Registrar:
         at once without a prior. Where the prior put a turned heading first, a decisive or refused
         result there is also tried at the heading as given, and the rival test sees both (``headings``).
         ``alone`` (``search="quick"``): this try is the whole search, with
-        or without a prior (the heading as given then, and the turn-around after a decisive result
-        there: ``turn_around``, as the full search), the safeguard on its matches included; its
+        or without a prior (the heading as given then, and after a decisive result there every other
+        heading hypothesis: ``hear_every_heading``, as the full search), the safeguard on its matches included; its
         result comes back, trusted only when decisive: what the full search would not take
         without trying the other headings is not taken here either (a soak at 10 Hz trusted two
         steps 5-6 m / 88-180 deg wrong from quick results that were verified but not decisive)."""
@@ -694,10 +694,10 @@ class Registrar:
             return None
         headings = self.headings(src, None, init, tgt)
         order = headings[:1] if headings[0] == 0.0 else [headings[0], 0.0]
-        turn_around = init is None and self.config.turn_around and 180.0 in headings
+        every = headings[1:] if init is None and self.config.hear_every_heading else []
         tries = []
-        for heading in order + [180.0] * turn_around:
-            if len(tries) == len(order) and not _decisive(tries[-1]):  # the turn-around follows a decisive result only
+        for heading in order + every:
+            if len(tries) >= len(order) and not _decisive(tries[0]):  # the other headings follow a decisive result only
                 break
             hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
                                           picked, heading, defer=not alone)
@@ -712,7 +712,9 @@ class Registrar:
                 # rays passed) leaves the heading as given to be heard; a trusted but undecided
                 # one leaves it to the full search.
                 break
-        best = tries[-1] if _better(tries[-1], tries[0]) else tries[0]
+        best = tries[0]
+        for candidate in tries[1:]:
+            best = candidate if _better(candidate, best) else best
         result = self._without_rival(best, tries)
         if alone and result.success and not _decisive(result):  # the full search would have looked further
             result.success = False
@@ -764,14 +766,15 @@ class Registrar:
         """The global search's hypotheses at ``headings`` after ``result`` (the best so far) until one
         is decisive, each appended to ``verified``; then DGR's safeguard when none is trusted. The
         best result comes back. ``unsettled``: learned estimates of earlier headings the safeguard
-        may re-estimate too. Without a prior the turn-around (180 deg) is tried after a decisive
-        result too (``turn_around``): a scene nearly symmetric under a half turn (an office, a
-        corridor, a warehouse aisle) can give the mirror of the truth a decisive match, and only a
-        search that hears the truth beside it lets the rival test (``_without_rival``) decide."""
-        heard = {0.0, 180.0} if init is None and self.config.turn_around else {0.0}
+        may re-estimate too. Without a prior every heading is tried after a decisive result too
+        (``hear_every_heading``): a scene nearly symmetric under a half or a quarter turn (an office,
+        a square room, a corridor, a warehouse aisle) can give a turned copy of the truth a decisive
+        match, and only a search that hears the truth beside it lets the most inlier matches win
+        and the rival test (``_without_rival``) decide."""
+        every = init is None and self.config.hear_every_heading
         for heading in headings:
-            if _decisive(result) and heading not in heard:  # the heading as given (after a turned first) and,
-                break  # without a prior, the turn-around are heard whatever came before (``turn_around``)
+            if _decisive(result) and heading != 0.0 and not every:  # the heading as given (after a turned first)
+                break  # and, without a prior, every heading is heard whatever came before (``hear_every_heading``)
             hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
                                           picked, heading, defer=True)
             if hyp.deferred or hyp.learned:

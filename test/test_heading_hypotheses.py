@@ -135,6 +135,25 @@ def test_the_halfway_headings_are_tried_only_when_no_heading_is_trusted(loop_pai
     assert sorted(tried) == [90.0, 180.0, 270.0], tried
 
 
+def test_without_a_prior_a_decisive_heading_does_not_end_the_search(monkeypatch):
+    """Real RAW KITTI 00 frames 1 -> 0 are decisive at the heading as given: the search still turns
+    the source to the three other headings before it answers (``hear_every_heading``), and the
+    answer is the same; with a prior, or with the option off, it stops there."""
+    frames = [np.fromfile(RAW_KITTI / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (0, 1)]
+    tried = _headings_tried(monkeypatch)
+    heard = Registrar(RegistrationConfig()).register(frames[1], frames[0])
+    assert heard.success and heard.heading_deg == 0.0
+    assert sorted(tried) == [90.0, 180.0, 270.0], tried
+    tried.clear()
+    stopped = Registrar(RegistrationConfig(hear_every_heading=False)).register(frames[1], frames[0])
+    assert stopped.success and tried == []
+    re, te = geometry.transform_errors(stopped.transform, heard.transform)
+    assert re < 0.05 and te < 0.01, (re, te)
+    tried.clear()
+    tracked = Registrar(RegistrationConfig()).register(frames[1], frames[0], init=heard.transform)
+    assert tracked.success and tried == []
+
+
 def test_turned_pair_keeps_the_ground_truth_alignment(loop_pair):
     from s2h_ros.datasets.types import turned_pair
 
@@ -186,12 +205,12 @@ def test_a_decisive_match_at_the_heading_as_given_still_hears_the_turn_around():
     274), its source turned by 170 deg, registered at the outdoor 0.3 m voxels. As given its matches
     land decisively on the mirror of the truth (241 inlier matches, 180 deg / 2.9 m off), and a search
     that stopped there trusted it. The turn-around is heard before anything is trusted
-    (``turn_around``): there the truth has 400, 1.5x the mirror's, and wins."""
+    (``hear_every_heading``): there the truth has 400, 1.5x the mirror's, and wins."""
     from s2h_ros.evaluation.matrix import Cell, PairSettings, cell_pairs
 
     office = Cell("os1_64/office", "sensor", "indoor", "office", "os1_64", "os1_64", seed=274)
     pair = cell_pairs(office, PairSettings(n=5))[2]
-    mirror = Registrar(RegistrationConfig(turn_around=False)).register(pair.source, pair.target)
+    mirror = Registrar(RegistrationConfig(hear_every_heading=False)).register(pair.source, pair.target)
     assert mirror.success and mirror.heading_deg == 0.0
     assert geometry.transform_errors(mirror.transform, pair.T_gt)[0] > 170.0  # what stopping at once trusted
     found = Registrar(RegistrationConfig()).register(pair.source, pair.target)

@@ -119,6 +119,14 @@ def make_method(name: str, scale: str = "outdoor", **overrides: Any) -> Any:
     return factory(scale=scale, **overrides)
 
 
+def _fine_info(fine) -> dict:
+    """The fine stage's outcome as flat numbers for a pair record (records keep scalars only):
+    whether it was used and how far it moved the refined result; nothing where it did not run."""
+    if fine is None:
+        return {}
+    return {"fine_used": bool(fine.used), "fine_moved_m": float(fine.moved_m), "fine_moved_deg": float(fine.moved_deg)}
+
+
 class PipelineMethod:
     """The SHM_DGR pipeline (``s2h_ros.pipeline.register``) as a pair method named ``s2h``, and on
     sequences the keyframe odometry the node runs (``odometry``).
@@ -187,5 +195,5 @@ class PipelineMethod:
                   "inlier_ratio": r.inlier_ratio, "fitness": r.fitness, "structure_fit": r.structure_fit,
                   "used_fallback": r.used_fallback, "slid_m": r.slid_m,
                   "feature_kind": r.feature_kind, "heading_deg": float(getattr(r, "heading_deg", 0.0)),
-                  "fine": r.fine.to_dict() if getattr(r, "fine", None) is not None else None},
+                  **_fine_info(getattr(r, "fine", None))},
             matches=matches, match_inlier_distance=float(self.config.inlier_distance))
