@@ -342,6 +342,10 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
 # whichever test refused it) only with this many times the rival's inlier matches
 # (Registrar._without_rival).
 RIVAL_INLIER_RATIO = 1.5
+# A heading heard only because every heading is heard (``hear_every_heading``) is left out when
+# this many times its screened inlier estimate stays below what a rival needs
+# (Registrar._screened_out).
+SCREEN_SLACK = 2.0
 RIVAL_FITNESS_SHARE = 0.5
 # A slide is moved at most this many times (Registrar._slide_recovered): the peak of the slide
 # profile is the middle of a plateau D / 2 wide, so the first move may land up to that far off, and
@@ -773,8 +777,11 @@ class Registrar:
         and the rival test (``_without_rival``) decide."""
         every = init is None and self.config.hear_every_heading
         for heading in headings:
-            if _decisive(result) and heading != 0.0 and not every:  # the heading as given (after a turned first)
-                break  # and, without a prior, every heading is heard whatever came before (``hear_every_heading``)
+            if _decisive(result) and heading != 0.0:  # the heading as given (after a turned first) is heard
+                if not every:  # and, without a prior, every heading whatever came before (``hear_every_heading``)
+                    break
+                if picked is None and self._screened_out(src, tgt, heading, timer, turned, result):
+                    continue
             hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, init, timer,
                                           picked, heading, defer=True)
             if hyp.deferred or hyp.learned:
@@ -797,6 +804,36 @@ class Registrar:
             if _decisive(result):
                 break
         return result
+
+    def _screened_out(self, src: PreparedCloud, tgt: PreparedCloud, heading: float, timer: _Timer,
+                      turned: dict[float, torch.Tensor], result: RegistrationResult) -> bool:
+        """Whether the source at ``heading``, heard after the decisive ``result`` only because every
+        heading is heard (``hear_every_heading``), can be left out without its full hypothesis: a
+        fixed-seed random subset of ``heading_screen_points`` source voxels is matched there
+        (``_subset_hypothesis``) and the inlier matches of its Procrustes estimate, scaled to every
+        voxel (``screen_inlier_estimate``), stay below 1 / ``SCREEN_SLACK`` of what a rival needs
+        (``min_inliers``, and ``result``'s inlier matches / ``RIVAL_INLIER_RATIO``: ``_without_rival``),
+        or the estimate agrees with ``result`` (the same answer). A turned copy of the truth that won
+        the first heading leaves the truth with more inlier matches than itself, far above that floor,
+        so the heading is heard in full. Nothing is left out with ``heading_screen_points`` 0 or a
+        source no larger (the screen would cost what the full hypothesis does)."""
+        cfg = self.config
+        rows = self._matched_subset(src, cfg.heading_screen_points)
+        if cfg.heading_screen_points == 0 or rows is None:
+            return False
+        hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, None, timer,
+                                      rows, heading, defer=True)
+        if hyp.deferred:
+            # The safeguard's threshold is absolute: the subset's weight sum, scaled to every voxel, says
+            # whether the full hypothesis would defer too (and then, behind a trusted result, never be taken).
+            if len(hyp.pairs) < 3 or float(hyp.weights.sum()) * len(src.xyz) / len(rows) \
+                    < self._safeguard_threshold(len(src.xyz)):
+                return True
+            hyp = dataclasses.replace(hyp, T=self._procrustes(src, tgt, hyp.pairs, hyp.weights, timer))
+        if agree(geometry.shift_transform(hyp.T, src.origin, tgt.origin), result.transform, cfg.inlier_distance):
+            return True
+        estimate = screen_inlier_estimate(src.xyz, tgt.xyz, hyp.pairs, hyp.T, cfg.inlier_distance, len(rows))
+        return SCREEN_SLACK * estimate < max(cfg.min_inliers, result.num_inliers / RIVAL_INLIER_RATIO)
 
     def _without_rival(self, result: RegistrationResult, verified: list[RegistrationResult]) -> RegistrationResult:
         """``result``, the global search's best, still trusted only if no rival stands beside it: a
@@ -1040,19 +1077,29 @@ class Registrar:
         hyp = _Hypothesis(np.eye(4), pairs, weights, int(n_cand), "", "", heading)
         if not learned:  # without a learned inlier network the weights say little about outliers: go robust
             return self._robust(src, tgt, hyp, init, timer, "no inlier network")
-        threshold = max(cfg.safeguard_min_weight, cfg.safeguard_ratio * len(src.xyz))
+        threshold = self._safeguard_threshold(len(src.xyz))
         if len(pairs) < 3 or float(weights.sum()) < threshold:
             reason = f"inlier weight sum below {threshold:.0f}"
             if defer_safeguard:
                 return dataclasses.replace(hyp, fallback=reason, deferred=True)
             return self._robust(src, tgt, hyp, init, timer, reason)
+        return dataclasses.replace(hyp, T=self._procrustes(src, tgt, pairs, weights, timer))
+
+    def _safeguard_threshold(self, voxels: int) -> float:
+        """Inlier weight sum below which DGR's safeguard (RANSAC) estimates instead of the learned weights."""
+        return max(self.config.safeguard_min_weight, self.config.safeguard_ratio * voxels)
+
+    @staticmethod
+    def _procrustes(src: PreparedCloud, tgt: PreparedCloud, pairs: np.ndarray, weights: np.ndarray,
+                    timer: _Timer) -> np.ndarray:
+        """(4, 4) weighted Procrustes of the (P, 2) matches ``pairs`` with (P,) ``weights``, local frames."""
         with timer.stage("procrustes"):
             R, t = geometry.weighted_procrustes(
                 torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
                 torch.from_numpy(tgt.xyz[pairs[:, 1]]).double(),
                 torch.from_numpy(weights).double(),
             )
-        return dataclasses.replace(hyp, T=geometry.make_transform(R.numpy(), t.numpy()))
+        return geometry.make_transform(R.numpy(), t.numpy())
 
     def _robust(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, init: np.ndarray | None,
                 timer: _Timer, reason: str) -> _Hypothesis:
@@ -1553,6 +1600,18 @@ def verify(
         mask = np.zeros(0, bool)
     nn_dist = nearest.distance
     return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
+
+
+def screen_inlier_estimate(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float,
+                           matched: int) -> float:
+    """Inlier matches a hypothesis of all ``src`` (M, 3) voxels would have, estimated from ``pairs``
+    (P, 2) of ``matched`` of them (a random subset) under its unrefined (4, 4) ``T``: the subset's
+    inlier matches (within ``dist``) times M / ``matched`` (``Registrar._screened_out``)."""
+    if not len(pairs):
+        return 0.0
+    moved = geometry.apply_transform(T, src[pairs[:, 0]].astype(np.float64))
+    inliers = int((np.linalg.norm(moved - tgt[pairs[:, 1]], axis=1) < dist).sum())
+    return inliers * len(src) / max(matched, 1)
 
 
 def _share(fraction: float | None) -> str:

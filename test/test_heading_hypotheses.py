@@ -135,15 +135,36 @@ def test_the_halfway_headings_are_tried_only_when_no_heading_is_trusted(loop_pai
     assert sorted(tried) == [90.0, 180.0, 270.0], tried
 
 
+def _headings_heard_in_full(monkeypatch) -> list[float]:
+    heard: list[float] = []
+    finished = Registrar._finished
+
+    def recording(self, src, tgt, hyp, timer, structure=False):
+        heard.append(hyp.heading)
+        return finished(self, src, tgt, hyp, timer, structure=structure)
+
+    monkeypatch.setattr(Registrar, "_finished", recording)
+    return heard
+
+
 def test_without_a_prior_a_decisive_heading_does_not_end_the_search(monkeypatch):
     """Real RAW KITTI 00 frames 1 -> 0 are decisive at the heading as given: the search still turns
     the source to the three other headings before it answers (``hear_every_heading``), and the
-    answer is the same; with a prior, or with the option off, it stops there."""
+    answer is the same; with a prior, or with the option off, it stops there. Each of the three is
+    screened on a subset of the source first, and none could make a rival to 2,699 inlier matches, so
+    none is heard in full unless the screen is off (``heading_screen_points: 0``)."""
     frames = [np.fromfile(RAW_KITTI / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (0, 1)]
     tried = _headings_tried(monkeypatch)
+    in_full = _headings_heard_in_full(monkeypatch)
     heard = Registrar(RegistrationConfig()).register(frames[1], frames[0])
     assert heard.success and heard.heading_deg == 0.0
     assert sorted(tried) == [90.0, 180.0, 270.0], tried
+    assert in_full == [0.0], in_full
+    tried.clear()
+    in_full.clear()
+    unscreened = Registrar(RegistrationConfig(heading_screen_points=0)).register(frames[1], frames[0])
+    assert sorted(in_full) == [0.0, 90.0, 180.0, 270.0], in_full
+    np.testing.assert_allclose(unscreened.transform, heard.transform, atol=1e-9)
     tried.clear()
     stopped = Registrar(RegistrationConfig(hear_every_heading=False)).register(frames[1], frames[0])
     assert stopped.success and tried == []
@@ -217,3 +238,33 @@ def test_a_decisive_match_at_the_heading_as_given_still_hears_the_turn_around():
     re, te = geometry.transform_errors(found.transform, pair.T_gt)
     assert found.success and re < 0.5 and te < 0.1, (found.message, re, te)
     assert found.heading_deg == 180.0 and found.num_inliers >= 1.5 * mirror.num_inliers
+
+
+def test_a_screened_heading_is_heard_in_full_where_it_could_be_a_rival(monkeypatch):
+    """The office pair above: its turn-around's screen (a 3,000-voxel subset of the source matched
+    there) estimates more inlier matches than the mirror's decisive 241 / 1.5, so the turn-around is
+    heard in full and wins; the two quarter turns, whose screens estimate few, are left out."""
+    from s2h_ros.evaluation.matrix import Cell, PairSettings, cell_pairs
+
+    office = Cell("os1_64/office", "sensor", "indoor", "office", "os1_64", "os1_64", seed=274)
+    pair = cell_pairs(office, PairSettings(n=5))[2]
+    in_full = _headings_heard_in_full(monkeypatch)
+    found = Registrar(RegistrationConfig()).register(pair.source, pair.target)
+    assert found.success and found.heading_deg == 180.0
+    assert in_full == [0.0, 180.0], in_full
+
+
+def test_the_screen_scales_the_subset_inlier_matches_to_every_voxel():
+    """``screen_inlier_estimate``: matches within the inlier distance under the estimate, times the
+    source's voxels over the voxels matched."""
+    from s2h_ros.pipeline import screen_inlier_estimate
+
+    rng = np.random.default_rng(0)
+    src = rng.uniform(-20, 20, (1000, 3))
+    T = geometry.make_transform(geometry.yaw_transform(30.0)[:3, :3], np.array([1.0, 2.0, 0.0]))
+    tgt = geometry.apply_transform(T, src)
+    pairs = np.column_stack([np.arange(100), np.arange(100)])
+    pairs[60:, 1] = (pairs[60:, 1] + 500) % 1000  # 40 of 100 matched to the wrong voxel
+    assert screen_inlier_estimate(src, tgt, pairs, T, 0.6, matched=250) == pytest.approx(60 * 1000 / 250)
+    assert screen_inlier_estimate(src, tgt, pairs, np.eye(4), 0.6, matched=250) < 60
+    assert screen_inlier_estimate(src, tgt, pairs[:0], T, 0.6, matched=250) == 0.0
