@@ -87,6 +87,7 @@ class PreparedCloud:
     _planarity: np.ndarray | None = field(default=None, repr=False)
     _tree: object = field(default=None, repr=False)
     _range_image: np.ndarray | None = field(default=None, repr=False)
+    _pattern_axis: np.ndarray | None = field(default=None, repr=False)
     # Guards the four above: a keyframe's are computed on a helper thread (``warm``) while the
     # worker may already ask for them; the worker then waits for the one in progress.
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
@@ -113,6 +114,15 @@ class PreparedCloud:
     def up(self) -> np.ndarray:
         """``(3,)`` float64 up in the cloud's frame: its ground's when levelled, else z (REP-103)."""
         return np.array([0.0, 0.0, 1.0]) if self.level is None else np.asarray(self.level[2], np.float64)
+
+    def pattern_axis(self) -> np.ndarray:
+        """``(3,)`` float64 the axis its scan pattern (a lidar's rings) is drawn about, in the cloud's
+        frame (``s2h_ros.scan_pattern``): z unless it was levelled and its rings say its ground's up."""
+        if self._pattern_axis is None:
+            from s2h_ros.scan_pattern import pattern_axis
+
+            self._pattern_axis = pattern_axis(self.input_frame_xyz(), self.up())
+        return self._pattern_axis
 
     @property
     def device(self) -> torch.device:
@@ -176,7 +186,8 @@ class PreparedCloud:
         cloud's; e.g. those of the cloud turned to a heading), same origin (nothing cached is shared)."""
         features = self.features if features is None else features
         return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
-                                   _normals=None, _planarity=None, _tree=None, _range_image=None)
+                                   _normals=None, _planarity=None, _tree=None, _range_image=None,
+                                   _pattern_axis=None)
 
 
 @dataclass
@@ -331,11 +342,28 @@ def agree(A: np.ndarray, B: np.ndarray, distance: float) -> bool:
     return te < distance and re < AGREE_ROTATION_DEG
 
 
-def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig) -> bool:
-    """The (4, 4) result (input frames) puts the sensors less than ``inlier_distance`` apart: where
-    a sensor's own pattern (rings, rosette) lies on its twin whatever the scene."""
-    return float(np.linalg.norm(transform[:3, 3])) < cfg.inlier_distance
+def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig, src: PreparedCloud | None = None,
+                   tgt: PreparedCloud | None = None) -> bool:
+    """The (4, 4) result (input frames) puts the sensors less than ``inlier_distance`` apart and
+    the axes their patterns are drawn about (``PreparedCloud.pattern_axis`` of ``src`` and ``tgt``;
+    z when not given) within ``ZERO_MOTION_TILT_DEG``: where a sensor's own pattern (rings,
+    rosette) lies on its twin whatever the scene."""
+    if float(np.linalg.norm(transform[:3, 3])) >= cfg.inlier_distance:
+        return False
+    z = np.array([0.0, 0.0, 1.0])
+    axis_src = z if src is None else src.pattern_axis()
+    axis_tgt = z if tgt is None else tgt.pattern_axis()
+    cos = float(np.clip((transform[:3, :3] @ axis_src) @ axis_tgt, -1.0, 1.0))
+    return float(np.degrees(np.arccos(cos))) < ZERO_MOTION_TILT_DEG
 
+
+# Sensors whose pattern axes (``PreparedCloud.pattern_axis``) a result tilts by more than this
+# against each other are not at zero motion, however close: a spinning lidar's rings are circles
+# about its axis, and a turn about the axis maps them onto themselves, a tilt does not (tilted by 20
+# deg, a ring that meets level ground 5 m from a sensor 1.7 m up meets it 2.1 m away, or beyond 80
+# m, except near the tilt's own axis). Vehicles tilt a few degrees between scans; the real handheld
+# Newer College OS1-64 scans, 0.5 m apart, 43-46 deg.
+ZERO_MOTION_TILT_DEG = 20.0
 
 # A global search's trusted result stands against a rival (another hypothesis of the same search
 # that disagrees with it yet has min_inliers inlier matches and RIVAL_FITNESS_SHARE of min_fitness,
@@ -396,7 +424,8 @@ class _Hypothesis:
         return not self.fallback and not self.message and not self.deferred
 
 
-def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: np.ndarray) -> bool:
+def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: np.ndarray,
+                  src: PreparedCloud | None = None, tgt: PreparedCloud | None = None) -> bool:
     """An untrusted result whose inlier matches say nothing about one pose of the scene: at zero
     motion (the sensors less than ``inlier_distance`` apart), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
@@ -414,7 +443,7 @@ def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: 
         return False
     if result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.min_constraint:
         return geometry.transform_errors(result.transform, against)[0] <= RIVAL_HEADING_DEG
-    return at_zero_motion(result.transform, cfg)
+    return at_zero_motion(result.transform, cfg, src, tgt)
 
 
 def _decisive(result: RegistrationResult) -> bool:
@@ -719,7 +748,7 @@ class Registrar:
         best = tries[0]
         for candidate in tries[1:]:
             best = candidate if _better(candidate, best) else best
-        result = self._without_rival(best, tries)
+        result = self._without_rival(best, tries, src, tgt)
         if alone and result.success and not _decisive(result):  # the full search would have looked further
             result.success = False
             result.message = (f"not decisive: {result.inlier_ratio:.1%} of the quick global try's matches are "
@@ -760,7 +789,7 @@ class Registrar:
                                          structure)
         if not structure:
             return result
-        result = self._without_rival(result, verified)
+        result = self._without_rival(result, verified, src, tgt)
         return result if result.success or init is not None else self._agreed_move(result, verified)
 
     def _heading_round(self, src: PreparedCloud, tgt: PreparedCloud, headings: list[float], init: np.ndarray | None,
@@ -835,7 +864,8 @@ class Registrar:
         estimate = screen_inlier_estimate(src.xyz, tgt.xyz, hyp.pairs, hyp.T, cfg.inlier_distance, len(rows))
         return SCREEN_SLACK * estimate < max(cfg.min_inliers, result.num_inliers / RIVAL_INLIER_RATIO)
 
-    def _without_rival(self, result: RegistrationResult, verified: list[RegistrationResult]) -> RegistrationResult:
+    def _without_rival(self, result: RegistrationResult, verified: list[RegistrationResult],
+                       src: PreparedCloud | None = None, tgt: PreparedCloud | None = None) -> RegistrationResult:
         """``result``, the global search's best, still trusted only if no rival stands beside it: a
         hypothesis of the same search (another heading, the RANSAC safeguard's re-estimate) that
         disagrees with it (by the inlier distance or ``AGREE_ROTATION_DEG``), has
@@ -864,7 +894,7 @@ class Registrar:
             return result
         rivals = [c for c in verified if c.num_inliers >= cfg.min_inliers
                   and c.fitness >= RIVAL_FITNESS_SHARE * cfg.min_fitness
-                  and not _pins_no_pose(c, cfg, result.transform)
+                  and not _pins_no_pose(c, cfg, result.transform, src, tgt)
                   and not agree(c.transform, result.transform, cfg.inlier_distance)]
         if not rivals:
             return result
@@ -944,7 +974,7 @@ class Registrar:
             d = degeneracy.direction[:3]
             start = T.copy()
             start[:3, 3] += slide.shift * d
-            if at_zero_motion(geometry.shift_transform(start, src.origin, tgt.origin), cfg):
+            if at_zero_motion(geometry.shift_transform(start, src.origin, tgt.origin), cfg, src, tgt):
                 break  # there the sensor's own pattern on the structure fits its twin, whatever the truth
             with timer.stage("refine"):
                 T = refine_icp(src.xyz, tgt.xyz, start, cfg, tgt.normals(cfg.voxel_size)).copy()
@@ -1332,7 +1362,7 @@ class Registrar:
         base seed 1128, 4 sensors x town, suburban, parking lot, highway), right results in the
         grey zone fitted 0.68-0.93 off the ground, the wrong ones outside highways 0.11-0.47."""
         cfg = self.config
-        zero, grey = at_zero_motion(transform, cfg), slide is not None
+        zero, grey = at_zero_motion(transform, cfg, src, tgt), slide is not None
         if cfg.min_structure_fitness <= 0 or not (zero or grey):
             return "", structure_fit
         moved = float(np.linalg.norm(transform[:3, 3]))
