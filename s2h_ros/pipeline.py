@@ -87,10 +87,10 @@ class PreparedCloud:
     _planarity: np.ndarray | None = field(default=None, repr=False)
     _tree: object = field(default=None, repr=False)
     _range_image: np.ndarray | None = field(default=None, repr=False)
-    _pattern_axis: np.ndarray | None = field(default=None, repr=False)
     # Guards the four above: a keyframe's are computed on a helper thread (``warm``) while the
     # worker may already ask for them; the worker then waits for the one in progress.
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _pattern_axis: np.ndarray | None = field(default=None, repr=False)  # asked by the verification only
 
     def input_frame_xyz(self) -> np.ndarray:
         """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
@@ -370,11 +370,11 @@ ZERO_MOTION_TILT_DEG = 20.0
 # whichever test refused it) only with this many times the rival's inlier matches
 # (Registrar._without_rival).
 RIVAL_INLIER_RATIO = 1.5
+RIVAL_FITNESS_SHARE = 0.5
 # A heading heard only because every heading is heard (``hear_every_heading``) is left out when
 # this many times its screened inlier estimate stays below what a rival needs
 # (Registrar._screened_out).
 SCREEN_SLACK = 2.0
-RIVAL_FITNESS_SHARE = 0.5
 # A slide is moved at most this many times (Registrar._slide_recovered): the peak of the slide
 # profile is the middle of a plateau D / 2 wide, so the first move may land up to that far off, and
 # the slide test there names the rest.
@@ -427,7 +427,8 @@ class _Hypothesis:
 def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: np.ndarray,
                   src: PreparedCloud | None = None, tgt: PreparedCloud | None = None) -> bool:
     """An untrusted result whose inlier matches say nothing about one pose of the scene: at zero
-    motion (the sensors less than ``inlier_distance`` apart), where they may be the pattern the
+    motion (``at_zero_motion`` of ``src`` and ``tgt``: the sensors less than ``inlier_distance``
+    apart, their patterns' axes together), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
     ``_structure_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
     matches beside right results with 37-56), or where the geometry hardly constrains a direction

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# Elevation histogram bins (deg): rings of 16-128-beam lidars lie 0.1-2 deg apart; a deskewed
-# handheld scan smears them over about 0.3 deg.
+# Elevation histogram bins (deg): rings of 16-128-beam lidars lie 0.1-2 deg apart. Deskewing
+# smears them (real Newer College OS1-64 scans about z: 0.012 raw, 0.0035 deskewed), yet they
+# stay sharper about z than about any other axis.
 BIN_DEG = 0.1
 # Points nearer than this (m) are left out: a voxel there spans several bins of elevation.
 MIN_RANGE_M = 2.0
