@@ -849,7 +849,7 @@ class Registrar:
         source no larger (the screen would cost what the full hypothesis does)."""
         cfg = self.config
         rows = self._matched_subset(src, cfg.heading_screen_points)
-        if cfg.heading_screen_points == 0 or rows is None:
+        if rows is None:  # screen off (0), or a source no larger than the screen
             return False
         hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, None, timer,
                                       rows, heading, defer=True)
@@ -1640,8 +1640,7 @@ def screen_inlier_estimate(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, 
     inlier matches (within ``dist``) times M / ``matched`` (``Registrar._screened_out``)."""
     if not len(pairs):
         return 0.0
-    moved = geometry.apply_transform(T, src[pairs[:, 0]].astype(np.float64))
-    inliers = int((np.linalg.norm(moved - tgt[pairs[:, 1]], axis=1) < dist).sum())
+    inliers = int(geometry.correspondence_inlier_mask(src, tgt, pairs[:, 0], pairs[:, 1], T, dist).sum())
     return inliers * len(src) / max(matched, 1)
 
 
