@@ -20,6 +20,7 @@ setup(
     install_requires=[
         "numpy>=1.24,<3",
         "scipy>=1.11",
+        "threadpoolctl>=3.1",
         "torch>=2.1",
         "tqdm>=4.65",
         "matplotlib>=3.7",

@@ -155,16 +155,44 @@ def _validate(cfg: Any) -> None:
             raise ConfigError(f"device: {dev!r} is not cpu, cuda or cuda:N")
 
 
-def torch_cpu_threads(requested: int, device: str) -> int:
-    """torch's CPU threads for registration on ``device``: ``requested`` when > 0; else on a CPU all
-    cores but one (at least 1; the other serves the executor and DDS), and on a GPU 1: the device
-    path's CPU work is Open3D's and scipy's (their own threads), and idle torch threads only take
-    cores from them and from the kernel launches (H200, held-out 64-beam drive, lock-step, same
-    machine: step p50 200 ms with 15 threads, 152 ms with 1; FCGF's preparation 71 -> 28 ms;
-    docs/performance.md)."""
+def cpu_threads(requested: int, device: str) -> int:
+    """CPU threads for registration on ``device`` (torch's and Open3D's, ``use_cpu_threads``):
+    ``requested`` when > 0; else on a CPU all cores but one (at least 1; the other serves the
+    executor and DDS), and on a GPU 1: the device path's CPU work is Open3D's and scipy's, and idle
+    torch threads only take cores from them and from the kernel launches (H200, held-out 64-beam
+    drive, lock-step, same machine: step p50 200 ms with 15 threads, 152 ms with 1; FCGF's
+    preparation 71 -> 28 ms; docs/performance.md)."""
     if requested > 0:
         return requested
     return 1 if device != "cpu" else max(1, (os.cpu_count() or 1) - 1)
+
+
+def use_cpu_threads(threads: int) -> None:
+    """Run torch's intra-op work, the BLAS and OpenMP pools of numpy, scipy and Open3D, and
+    scipy's k-d tree queries and FFTs (``cpu_workers``) on ``threads`` threads (``torch.set_num_threads``
+    and threadpoolctl, for the process, from now on).
+
+    torch's setting alone leaves numpy's and scipy's OpenBLAS at all cores: its idle threads spin
+    after every matrix product of the odometry's step (verification, Procrustes, degeneracy) and
+    take the core that its other thread (the next scan's features) runs on. Held-out simulated
+    HDL-64 drive, 2-core VM, ``config/cpu.yaml`` lock-step: 3.5 -> 3.8-4.4 scans/s with one BLAS
+    thread, the same poses (docs/performance.md, "One BLAS thread")."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    global _CPU_THREADS
+    torch.set_num_threads(threads)
+    threadpool_limits(limits=threads)
+    _CPU_THREADS = threads
+
+
+_CPU_THREADS: int | None = None  # set by use_cpu_threads
+
+
+def cpu_workers() -> int:
+    """``workers`` for scipy's parallel calls (cKDTree queries, FFTs): the threads ``use_cpu_threads``
+    set, or -1 (all cores) when nothing set them."""
+    return _CPU_THREADS or -1
 
 
 def config_from_dict(cls: type, values: dict[str, Any]) -> Any:

@@ -65,11 +65,13 @@ def ground_slabs(xyz: np.ndarray, directions: np.ndarray, width: float = SLAB,
     height. ``(D,)`` float64 each."""
     lo, hi = below
     bins = int(np.ceil((hi - lo) / width))
-    index = np.floor((xyz @ directions.T - lo) / width).astype(np.int64)  # (N, D)
-    inside = (index >= 0) & (index < bins)
-    row = np.broadcast_to(np.arange(len(directions)), index.shape)
-    counts = np.bincount(row[inside] * bins + index[inside], minlength=len(directions) * bins)
-    counts = counts.reshape(len(directions), bins)
+    # Per direction bins + 2 counters: one below the slab range, the bins, one above (counted and
+    # dropped, cheaper than masking the (N, D) heights outside it).
+    index = np.floor((xyz @ directions.T - lo) / width)  # (N, D)
+    np.clip(index, -1, bins, out=index)
+    index = index.astype(np.int64) + 1 + np.arange(len(directions)) * (bins + 2)
+    counts = np.bincount(index.ravel(), minlength=len(directions) * (bins + 2))
+    counts = counts.reshape(len(directions), bins + 2)[:, 1:-1]
     pairs = counts[:, :-1] + counts[:, 1:]
     best = pairs.argmax(1)
     return pairs[np.arange(len(directions)), best] / len(xyz), lo + (best + 1) * width

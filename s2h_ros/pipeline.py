@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from s2h_ros import geometry
-from s2h_ros.config import RegistrationConfig
+from s2h_ros.config import RegistrationConfig, cpu_workers
 from s2h_ros.datasets.io import points_shape_problem
 from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence,
                                  weakest_direction)
@@ -1609,7 +1609,7 @@ def nearest_voxels(src: np.ndarray, T: np.ndarray, index, bound: float) -> Neare
     """``src`` (M, 3) moved by ``T`` (4, 4) and each one's nearest voxel within ``bound`` in the
     target's spatial ``index`` (``PreparedCloud.spatial_index``, or a cKDTree of its voxels)."""
     moved = geometry.apply_transform(T, src.astype(np.float64))
-    distance, idx = index.query(moved, distance_upper_bound=bound, workers=-1)
+    distance, idx = index.query(moved, distance_upper_bound=bound, workers=cpu_workers())
     return NearestVoxels(moved, distance, idx)
 
 
@@ -1678,7 +1678,7 @@ def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
     structure, moved = moved_off_ground(src, T, cfg)
     if int(structure.sum()) < MIN_STRUCTURE_VOXELS:
         return None
-    dist, _ = tgt.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=-1)
+    dist, _ = tgt.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=cpu_workers())
     return float(np.mean(dist < cfg.inlier_distance))
 
 

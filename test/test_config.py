@@ -77,7 +77,7 @@ def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
     assert (reg.voxel_size, reg.inlier_distance, reg.prior_radius, odo.keyframe_distance) == (0.05, 0.1, 0.25, 1.0)
     assert reg.min_fitness == RegistrationConfig().min_fitness  # untouched keys keep the defaults
     reg, odo = configs_from_params_files([base, config_dir() / "cpu.yaml"])
-    assert reg == RegistrationConfig(max_points=11000) and odo == OdometryConfig()  # the CPU profile: fewer voxels only
+    assert reg == RegistrationConfig(max_points=8000, prior_max_points=4000) and odo == OdometryConfig()  # the CPU profile: fewer voxels only
     later = tmp_path / "later.yaml"
     later.write_text("registration_node:\n  ros__parameters:\n    registration:\n      voxel_size: 0.2\n")
     assert configs_from_params_files([config_dir() / "depth_camera.yaml", later])[0].voxel_size == 0.2
@@ -87,14 +87,51 @@ def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
         configs_from_params_files([bad])
 
 
-def test_torch_threads_leave_a_core_on_the_cpu_and_one_thread_with_a_gpu(monkeypatch):
+def test_cpu_threads_leave_a_core_on_the_cpu_and_one_thread_with_a_gpu(monkeypatch):
     import os
 
-    from s2h_ros.config import torch_cpu_threads
+    from s2h_ros.config import cpu_threads
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert torch_cpu_threads(0, "cpu") == 15
-    assert torch_cpu_threads(0, "cuda") == 1 and torch_cpu_threads(0, "cuda:1") == 1
-    assert torch_cpu_threads(6, "cuda") == 6 and torch_cpu_threads(6, "cpu") == 6
+    assert cpu_threads(0, "cpu") == 15
+    assert cpu_threads(0, "cuda") == 1 and cpu_threads(0, "cuda:1") == 1
+    assert cpu_threads(6, "cuda") == 6 and cpu_threads(6, "cpu") == 6
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert torch_cpu_threads(0, "cpu") == 1
+    assert cpu_threads(0, "cpu") == 1
+
+
+def test_cpu_threads_bound_the_blas_of_other_threads_as_well_as_torch():
+    """numpy's BLAS follows the setting in a thread started afterwards (the odometry's step thread):
+    a matrix product there uses no more CPU time than wall time (all cores would, on any machine
+    with two or more)."""
+    import threading
+    import time
+
+    import numpy as np
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from s2h_ros.config import use_cpu_threads
+
+    a = np.random.default_rng(0).standard_normal((1500, 1500))
+    seen: dict = {}
+
+    def product() -> None:
+        seen["blas"] = [d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas"]
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(4):
+            a @ a
+        seen["wall"], seen["cpu"] = time.perf_counter() - wall, time.process_time() - cpu
+
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=None):  # every pool restored afterwards
+        try:
+            use_cpu_threads(1)
+            worker = threading.Thread(target=product)
+            worker.start()
+            worker.join()
+        finally:
+            torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+    assert seen["blas"] and all(n == 1 for n in seen["blas"]), seen["blas"]
+    assert seen["cpu"] < 1.3 * seen["wall"], seen

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="world seed (0-999 are never trained on)")
     parser.add_argument("--sensor", default="hdl64")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch's and Open3D's CPU threads (config.use_cpu_threads)")
     parser.add_argument("--features", default="auto", help="pipeline features: auto, fcgf, fpfh")
     parser.add_argument("--weights", default="", help="checkpoint (default: the shipped weights)")
     parser.add_argument("--baseline", default="fpfh_ransac", help="harness method to compare with ('' for none)")
@@ -36,14 +36,12 @@ def _timed(register: Callable, pairs: list) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    import torch
-
-    from s2h_ros.config import RegistrationConfig
+    from s2h_ros.config import RegistrationConfig, use_cpu_threads
     from s2h_ros.datasets.synthetic import synthetic_pairs
     from s2h_ros.evaluation.methods import make_method
     from s2h_ros.pipeline import Registrar
 
-    torch.set_num_threads(args.threads)
+    use_cpu_threads(args.threads)
     pairs = synthetic_pairs(args.pairs, seed=args.seed, sensor=args.sensor)
     registrar = Registrar(RegistrationConfig(device=args.device, features=args.features, weights=args.weights))
     registrar.register(pairs[0].source, pairs[0].target)  # warm-up: model load, allocator, kernels

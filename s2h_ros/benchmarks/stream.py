@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="scans per second; 0: lock-step, every scan")
     parser.add_argument("--device", default="cpu", help="registration device: cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0: the node's rule, config.torch_cpu_threads: all cores but one on a CPU, 1 with a GPU)")
+                        help="torch and Open3D CPU threads (0: the node's rule, config.cpu_threads: all cores but one on a CPU, 1 with a GPU)")
     parser.add_argument("--params-file", action="append", default=[],
                         help="registration_node parameter file(s) whose registration.* / odometry.* settings are used "
                              "(default: config/depth_camera.yaml for a depth camera --sensor, the defaults otherwise)")
@@ -220,13 +220,13 @@ def _device_name(device: str) -> str:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from s2h_ros.config import torch_cpu_threads
+    from s2h_ros.config import cpu_threads, use_cpu_threads
     from s2h_ros.odometry import KeyframeOdometry
     from s2h_ros.pipeline import Registrar
 
     params_files, registration, odometry = _configs(args)
-    threads = torch_cpu_threads(args.threads, args.device)
-    torch.set_num_threads(threads)
+    threads = cpu_threads(args.threads, args.device)
+    use_cpu_threads(threads)
     sequence = _sequence(args)
     first = args.start
     count = (len(sequence) - first) if args.count < 0 else min(args.count, len(sequence) - first)

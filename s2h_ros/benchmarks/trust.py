@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-re", type=float, default=MAX_RE_DEG, help="degrees: a trusted step further off is wrong")
     parser.add_argument("--min-constraint", type=float, default=None,
                         help="degeneracy gate (RegistrationConfig.min_constraint; default: the shipped one)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch's and Open3D's CPU threads (config.use_cpu_threads)")
     parser.add_argument("--params-file", action="append", default=[], metavar="FILE",
                         help="ROS 2 parameter file(s) for every drive, applied in order over the defaults as "
                              "registration_node's --params-file (its registration.* and odometry.* keys); default: "
@@ -227,16 +227,14 @@ def _constraint(d: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    import torch
-
-    from s2h_ros.config import RegistrationConfig
+    from s2h_ros.config import RegistrationConfig, use_cpu_threads
     from s2h_ros.outputs import write_text
     from s2h_ros.pipeline import Registrar
 
     sensors = [s.strip() for s in args.sensors.split(",") if s.strip()]
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     cells = plan_cells(sensors, families, args.seed)
-    torch.set_num_threads(args.threads)
+    use_cpu_threads(args.threads)
     registrars: dict[str, Registrar] = {}  # one per setting (keyed by its repr): models load once
     drives = []
     for sensor, family, seed in cells:

@@ -362,15 +362,15 @@ def outputs_writable(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # Open3D reads it when it loads
+        from s2h_ros.config import use_cpu_threads
+
+        use_cpu_threads(args.threads)  # torch's and Open3D's threads
     from s2h_ros.evaluation.harness import evaluate_pairs, summarize_records
     from s2h_ros.evaluation.metrics import THRESHOLDS
     from s2h_ros.evaluation.report import pairs_table, sequence_table
     from s2h_ros.interrupts import Interrupted, exit_status, on_stop_signals, raise_interrupted, signal_name
     if not outputs_writable(args):
         return EXIT_BAD_OUTPUT
-    if args.threads is not None and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(args.threads)
     if args.dataset == "matrix":
         return run_matrix(args)
     task = args.task or ("sequence" if args.dataset in SEQUENCE_DATASETS else "pairs")

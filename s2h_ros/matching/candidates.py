@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from s2h_ros.config import cpu_workers
 from s2h_ros.matching.defaults import REGISTRATION
 
 GROUP = 32  # entries per group in the grouped selection (fastest of 4..128 measured on a CPU)
@@ -112,7 +113,7 @@ def prior_support(predicted_x: np.ndarray, tree_y, feat_x: torch.Tensor, feat_y:
     _check_features("feat_y", feat_y)
     n_y = feat_y.shape[0]
     m = min(int(candidates), n_y)
-    _, near = tree_y.query(np.asarray(predicted_x, dtype=np.float64), k=m, distance_upper_bound=radius, workers=-1)
+    _, near = tree_y.query(np.asarray(predicted_x, dtype=np.float64), k=m, distance_upper_bound=radius, workers=cpu_workers())
     n_x = len(predicted_x)
     near = torch.as_tensor(np.asarray(near, dtype=np.int64).reshape(n_x, m), device=feat_x.device)
     valid = near < n_y

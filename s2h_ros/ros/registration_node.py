@@ -57,10 +57,9 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
-import torch
 
 from s2h_ros import geometry, stamps
-from s2h_ros.config import ConfigError, torch_cpu_threads
+from s2h_ros.config import ConfigError, cpu_threads, use_cpu_threads
 from s2h_ros.handover import Failed, Handover
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
 from s2h_ros.pipeline import Registrar, RegistrationError
@@ -99,7 +98,7 @@ class RegistrationNode(Node):
         p = self.settings.node
         self.odom_frame, self.base_frame = _frame_parameters(p)
         self.frames = OdomFrame(pose_parameter("sensor_to_base", p["sensor_to_base"]), has_base=bool(self.base_frame))
-        torch.set_num_threads(torch_cpu_threads(int(p["cpu_threads"]), self.settings.registration.device))
+        use_cpu_threads(cpu_threads(int(p["cpu_threads"]), self.settings.registration.device))
         self.registrar, features = _start_registrar(self.settings.registration)
         self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
         self._rng = np.random.default_rng(0)

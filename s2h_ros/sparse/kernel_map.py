@@ -214,13 +214,20 @@ def build_kernel_map(
     """Pairs (i, o, k) with in_coords[i] == out_coords[o] + step * offsets[k] (same batch).
 
     Hashes the coordinates to int64 keys and looks every (offset, output) query up in the input
-    keys (:class:`_KeyLookup`), a few offsets at a time to bound memory.
+    keys (:class:`_KeyLookup`), a few offsets at a time to bound memory. Every coordinate and
+    query is a multiple of ``step`` (the input's tensor stride; the output's is the same or a
+    multiple), so the keys count cells of that size: a stride-s lookup box has s^D times fewer
+    cells than one in stride-1 units (its tables are filled and read per map; the same pairs).
     """
     dim = offsets.shape[1]
     if in_coords.shape[1] != dim + 1 or out_coords.shape[1] != dim + 1:
         raise ValueError(f"coordinates must be (N, 1 + {dim}), got {tuple(in_coords.shape)}, {tuple(out_coords.shape)}")
+    same = in_coords is out_coords
+    if step > 1:
+        in_coords = _in_units(in_coords, step)
+        out_coords = in_coords if same else _in_units(out_coords, step)
     offsets = offsets.to(out_coords.device)
-    shift = torch.cat([offsets.new_zeros(offsets.shape[0], 1), offsets * step], 1)  # (K, 1 + D)
+    shift = torch.cat([offsets.new_zeros(offsets.shape[0], 1), offsets], 1)  # (K, 1 + D)
     lo = torch.minimum(in_coords.min(0).values, out_coords.min(0).values + shift.min(0).values)
     hi = torch.maximum(in_coords.max(0).values, out_coords.max(0).values + shift.max(0).values)
     lo, extent = _key_frame(lo, hi)
@@ -229,7 +236,6 @@ def build_kernel_map(
     shift_parts = lookup.parts(shift + lo)  # parts(x + s) = parts(x) + parts(s + lo)
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     n_offsets = shift.shape[0]
-    same = in_coords is out_coords
     zero = [k for k, row in enumerate(offsets.tolist()) if not any(row)]
     identity = zero[0] if same and zero else None
     # On one coordinate set, offset K-1-k is -offset k (the kernel is point-symmetric), so its
@@ -259,6 +265,14 @@ def build_kernel_map(
         ids += [n_offsets - 1 - k for k in ids]
         ins, outs = ins + outs, outs + ins
     return KernelMap(ids, ins, outs, n_in, n_out, identity, out_coords.device)
+
+
+def _in_units(coords: torch.Tensor, step: int) -> torch.Tensor:
+    """``(N, 1 + D)`` coordinates whose spatial columns are multiples of ``step``, counted in
+    ``step``-sized cells (exact; the batch column as it is)."""
+    if bool((coords[:, 1:] % step != 0).any()):
+        raise ValueError(f"coordinates are not multiples of the stride {step}")
+    return torch.cat([coords[:, :1], torch.div(coords[:, 1:], step, rounding_mode="floor")], 1)
 
 
 class CoordinateManager:
