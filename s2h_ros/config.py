@@ -156,7 +156,7 @@ def _validate(cfg: Any) -> None:
 
 
 def cpu_threads(requested: int, device: str) -> int:
-    """CPU threads for registration on ``device`` (torch's and Open3D's, ``use_cpu_threads``):
+    """CPU threads for registration on ``device`` (torch's, BLAS's and scipy's: ``use_cpu_threads``):
     ``requested`` when > 0; else on a CPU all cores but one (at least 1; the other serves the
     executor and DDS), and on a GPU 1: the device path's CPU work is Open3D's and scipy's, and idle
     torch threads only take cores from them and from the kernel launches (H200, held-out 64-beam
@@ -168,19 +168,22 @@ def cpu_threads(requested: int, device: str) -> int:
 
 
 def use_cpu_threads(threads: int) -> None:
-    """Run torch's intra-op work, the BLAS and OpenMP pools of numpy, scipy and Open3D, and
-    scipy's k-d tree queries and FFTs (``cpu_workers``) on ``threads`` threads (``torch.set_num_threads``
-    and threadpoolctl, for the process, from now on).
+    """Run torch's intra-op work, the BLAS pools of numpy and scipy (threadpoolctl, which also sets
+    the calling thread's OpenMP count) and scipy's k-d tree queries and FFTs (``cpu_workers``) on
+    ``threads`` threads, for the whole process from now on.
 
     torch's setting alone leaves numpy's and scipy's OpenBLAS at all cores: its idle threads spin
     after every matrix product of the odometry's step (verification, Procrustes, degeneracy) and
     take the core that its other thread (the next scan's features) runs on. Held-out simulated
     HDL-64 drive, 2-core VM, ``config/cpu.yaml`` lock-step: 3.5 -> 3.8-4.4 scans/s with one BLAS
     thread, the same poses (docs/performance.md, "One BLAS thread")."""
+    global _CPU_THREADS
+    # An OpenMP runtime loaded after this (torch's, which Open3D shares) takes it as the count for
+    # threads that never set their own (s2h eval calls this before importing torch).
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
     from threadpoolctl import threadpool_limits
 
-    global _CPU_THREADS
     torch.set_num_threads(threads)
     threadpool_limits(limits=threads)
     _CPU_THREADS = threads

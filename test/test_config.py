@@ -100,10 +100,11 @@ def test_cpu_threads_leave_a_core_on_the_cpu_and_one_thread_with_a_gpu(monkeypat
     assert cpu_threads(0, "cpu") == 1
 
 
-def test_cpu_threads_bound_the_blas_of_other_threads_as_well_as_torch():
+def test_cpu_threads_bound_the_blas_of_other_threads_as_well_as_torch(monkeypatch):
     """numpy's BLAS follows the setting in a thread started afterwards (the odometry's step thread):
     a matrix product there uses no more CPU time than wall time (all cores would, on any machine
     with two or more)."""
+    import os
     import threading
     import time
 
@@ -111,8 +112,12 @@ def test_cpu_threads_bound_the_blas_of_other_threads_as_well_as_torch():
     import torch
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from s2h_ros.config import use_cpu_threads
+    import s2h_ros.config
+    from s2h_ros.config import cpu_workers, use_cpu_threads
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # both restored after the test
+    monkeypatch.setattr(s2h_ros.config, "_CPU_THREADS", None)
+    assert cpu_workers() == -1
     a = np.random.default_rng(0).standard_normal((1500, 1500))
     seen: dict = {}
 
@@ -133,5 +138,6 @@ def test_cpu_threads_bound_the_blas_of_other_threads_as_well_as_torch():
         finally:
             torch.set_num_threads(before)
     assert torch.get_num_threads() == before
+    assert cpu_workers() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
     assert seen["blas"] and all(n == 1 for n in seen["blas"]), seen["blas"]
     assert seen["cpu"] < 1.3 * seen["wall"], seen

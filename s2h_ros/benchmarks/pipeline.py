@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="world seed (0-999 are never trained on)")
     parser.add_argument("--sensor", default="hdl64")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2, help="torch's and Open3D's CPU threads (config.use_cpu_threads)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of torch, BLAS and scipy (config.use_cpu_threads)")
     parser.add_argument("--features", default="auto", help="pipeline features: auto, fcgf, fpfh")
     parser.add_argument("--weights", default="", help="checkpoint (default: the shipped weights)")
     parser.add_argument("--baseline", default="fpfh_ransac", help="harness method to compare with ('' for none)")

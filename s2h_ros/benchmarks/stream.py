@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="scans per second; 0: lock-step, every scan")
     parser.add_argument("--device", default="cpu", help="registration device: cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch and Open3D CPU threads (0: the node's rule, config.cpu_threads: all cores but one on a CPU, 1 with a GPU)")
+                        help="CPU threads of torch, BLAS and scipy (0: the node's rule, config.cpu_threads: all cores but one on a CPU, 1 with a GPU)")
     parser.add_argument("--params-file", action="append", default=[],
                         help="registration_node parameter file(s) whose registration.* / odometry.* settings are used "
                              "(default: config/depth_camera.yaml for a depth camera --sensor, the defaults otherwise)")

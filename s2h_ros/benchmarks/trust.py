@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-re", type=float, default=MAX_RE_DEG, help="degrees: a trusted step further off is wrong")
     parser.add_argument("--min-constraint", type=float, default=None,
                         help="degeneracy gate (RegistrationConfig.min_constraint; default: the shipped one)")
-    parser.add_argument("--threads", type=int, default=2, help="torch's and Open3D's CPU threads (config.use_cpu_threads)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of torch, BLAS and scipy (config.use_cpu_threads)")
     parser.add_argument("--params-file", action="append", default=[], metavar="FILE",
                         help="ROS 2 parameter file(s) for every drive, applied in order over the defaults as "
                              "registration_node's --params-file (its registration.* and odometry.* keys); default: "

@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         from s2h_ros.config import use_cpu_threads
 
-        use_cpu_threads(args.threads)  # torch's and Open3D's threads
+        use_cpu_threads(args.threads)
     from s2h_ros.evaluation.harness import evaluate_pairs, summarize_records
     from s2h_ros.evaluation.metrics import THRESHOLDS
     from s2h_ros.evaluation.report import pairs_table, sequence_table

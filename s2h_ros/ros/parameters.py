@@ -76,7 +76,7 @@ NODE_PARAMETERS: tuple[ParamSpec, ...] = (
               "is registered (s2h_ros.handover); false: one scan at a time, about 100 ms less latency (2-core VM at 10 Hz: "
               "in process 1.2-1.4x the scans ahead; over DDS with the replayer on the same cores 1.2x on a VLP-32 drive, "
               "0.9x on an HDL-64 one; docs/performance.md)"),
-    ParamSpec("cpu_threads", 0, "torch's and Open3D's CPU threads (config.use_cpu_threads); 0: with device cpu all cores but one (at least 1), which "
+    ParamSpec("cpu_threads", 0, "CPU threads of torch, BLAS and scipy (config.use_cpu_threads); 0: with device cpu all cores but one (at least 1), which "
               "stays free for the executor and DDS (2-core VM, 64-beam stream at 10 Hz: 1 thread answered 123 scans, "
               "latency p50 340 ms; 2 threads 69 scans, 766 ms: OpenMP threads stall when a core is taken); with a GPU device 1 (H200: step p50 200 -> 152 ms, "
               "docs/performance.md)", (0, 1024)),
