@@ -167,6 +167,9 @@ def cpu_threads(requested: int, device: str) -> int:
     return 1 if device != "cpu" else max(1, (os.cpu_count() or 1) - 1)
 
 
+_CPU_THREADS: int | None = None  # set by use_cpu_threads
+
+
 def use_cpu_threads(threads: int) -> None:
     """Run torch's intra-op work, the BLAS pools of numpy and scipy (threadpoolctl, which also sets
     the calling thread's OpenMP count) and scipy's k-d tree queries and FFTs (``cpu_workers``) on
@@ -187,9 +190,6 @@ def use_cpu_threads(threads: int) -> None:
     torch.set_num_threads(threads)
     threadpool_limits(limits=threads)
     _CPU_THREADS = threads
-
-
-_CPU_THREADS: int | None = None  # set by use_cpu_threads
 
 
 def cpu_workers() -> int:

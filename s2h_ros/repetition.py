@@ -103,9 +103,10 @@ def shift_correlation(aligned: np.ndarray, target: np.ndarray, cell: float, max_
     # C(d) = sum_x counts(x) occupied(x + d), summed over the z layers in the frequency domain. The
     # box has m cells of margin around every source point, so a circular shift of at most m cells
     # never wraps a source point around: the circular correlation is the plain one.
-    spectrum = (np.conj(fft.rfft2(counts, axes=(0, 1), workers=cpu_workers()))
-                * fft.rfft2(occupied, axes=(0, 1), workers=cpu_workers())).sum(axis=2)
-    full = fft.irfft2(spectrum, s=shape[:2], workers=cpu_workers())
+    workers = cpu_workers()
+    spectrum = (np.conj(fft.rfft2(counts, axes=(0, 1), workers=workers))
+                * fft.rfft2(occupied, axes=(0, 1), workers=workers)).sum(axis=2)
+    full = fft.irfft2(spectrum, s=shape[:2], workers=workers)
     index = np.arange(-m, m + 1)
     return full[np.ix_(index % shape[0], index % shape[1])] / len(aligned)
 
