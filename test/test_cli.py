@@ -44,6 +44,19 @@ def test_register_reads_ply_and_pcd_and_reports_the_error_to_ground_truth(tmp_pa
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["success"] and result["rotation_error_deg"] < 15 and result["translation_error_m"] < 0.3
     assert np.array(result["transform"]).shape == (4, 4)
+    assert "warning" not in out.stderr  # 0.05 m suits a room
+
+
+def test_register_says_when_the_voxel_size_is_an_outdoor_one_for_a_room(tmp_path):
+    """The real 3DMatch fragments at the default 0.3 m voxels: the result stands, and stderr says
+    which settings suit a room (s2h_ros.scene_scale)."""
+    for name in ("src", "ref"):
+        write_points(tmp_path / f"{name}.ply", np.load(THREEDMATCH_DEMO_DIR / f"{name}.npy"))
+    out = s2h("register", str(tmp_path / "src.ply"), str(tmp_path / "ref.ply"), "--features", "fpfh")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if "room's scale" in line]
+    assert [line.split(":")[2].strip() for line in lines] == ["source", "target"], out.stderr
+    assert all("config/depth_camera.yaml" in line for line in lines)
 
 
 def test_register_missing_file_and_bad_option_fail_with_one_line_on_stderr(tmp_path):

@@ -105,6 +105,7 @@ def _register(args: argparse.Namespace) -> int:
     from s2h_ros import geometry
     from s2h_ros.outputs import write_json
     from s2h_ros.pipeline import range_limit, register
+    from s2h_ros.scene_scale import reach_m, voxel_hint
 
     result = register(src.points, tgt.points, cfg)
     # Rows the readers dropped for NaN/inf count with those the pipeline dropped.
@@ -114,7 +115,10 @@ def _register(args: argparse.Namespace) -> int:
     if T_gt is not None:
         re, te = geometry.transform_errors(result.transform, T_gt)
         out["rotation_error_deg"], out["translation_error_m"] = float(re), float(te)
-    for side in ("source", "target"):
+    for side, points in (("source", src.points), ("target", tgt.points)):
+        hint = voxel_hint(reach_m(points), cfg.voxel_size)
+        if hint:
+            print(f"s2h register: warning: {side}: voxel_size {cfg.voxel_size:g}: {hint}", file=sys.stderr)
         if result.dropped_points[f"{side}_out_of_range"]:
             print(f"s2h register: warning: {side}: dropped {result.dropped_points[f'{side}_out_of_range']} "
                   f"points more than {range_limit(cfg.voxel_size):g} m from the cloud's median", file=sys.stderr)

@@ -70,6 +70,7 @@ from s2h_ros.ros.frames import OdomFrame
 from s2h_ros.ros.parameters import declare_and_read, pose_parameter
 from s2h_ros.ros.pointcloud2 import from_msg, to_msg
 from s2h_ros.ros.tf import ExtrinsicLookup, TfPublisher
+from s2h_ros.scene_scale import ScaleCheck
 
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                      history=HistoryPolicy.KEEP_LAST)
@@ -115,6 +116,7 @@ class RegistrationNode(Node):
         self._done_times = deque(maxlen=50)
         self._scan_id = 0  # the preparer's: scans are numbered in the order they are taken
         self._time_fields: set[tuple[str, bool]] = set()  # (field, unusable) already logged: once each
+        self._scale = ScaleCheck(self.odometry.registrar.config.voxel_size)  # the preparer's: a hint, once
         # The newest scan, prepared on one thread while the one before it is registered on another.
         self.handover = Handover(self._prepare, self._answer, name="s2h_registration", ahead=bool(p["prepare_ahead"]))
         # Wall-clock timer: diagnostics keep coming when a paused bag stops /clock.
@@ -167,12 +169,20 @@ class RegistrationNode(Node):
             scan.refusal = self._refusal(msg.header)
             if scan.refusal is None:
                 xyz, times = self._points_and_times(msg)
+                self._check_scale(xyz)
                 scan.prepared = self.odometry.prepare(xyz, times, messages.stamp_to_sec(msg.header.stamp))
         except PointCloud2Error as exc:
             scan.refusal = f"malformed PointCloud2: {exc}"
         except Exception as exc:  # a bug: answered in order by the worker as an internal error
             scan.error = exc
         return scan
+
+    def _check_scale(self, xyz: np.ndarray) -> None:
+        """Once, on the first scans: the log says when the voxel size does not suit the scans' scale
+        (s2h_ros.scene_scale: outdoor settings on a room, indoor ones on a street)."""
+        hint = self._scale.add(xyz)
+        if hint:
+            self.get_logger().warning(f"registration.voxel_size {self._scale.voxel_size:g}: {hint}")
 
     def _points_and_times(self, msg: PointCloud2) -> tuple[np.ndarray, np.ndarray | None]:
         """The scan's ``(N, 3)`` points and, where it has a time field (s2h_ros.deskew.TIME_FIELDS)
