@@ -4,20 +4,20 @@ The settings come at two scales: outdoor lidar at 0.3 m voxels (``config/registe
 seen by depth cameras or indoor lidars at 0.05 m (``config/depth_camera.yaml``). At the wrong one
 registration still answers, and not always safely: of held-out indoor pairs at 0.3 m (matrix base
 seed 1148, docs/reliability.md) 2 of 25 wrong results were reported as trusted (a room spans a few
-inlier distances, and a turn of 10-20 deg moves few of its voxels by more than one); at 0.05 m
-none of 20 (base seed 1143). The other way round, outdoor scans at 0.05 m voxels are slow and
-meet the indoor model. Nothing here changes a result: the node and
-``s2h register`` say so, and the user picks the settings.
+inlier distances, and a turn of 10-20 deg moves few of its voxels by more than one); at 0.05 m none
+of 20 (base seed 1143). The other way round, outdoor scans at 0.05 m voxels are slow and meet the
+indoor model. Nothing here changes a result: the node and ``s2h register`` say so, and the user
+picks the settings.
 
-The scale is the cloud's *reach*: the 90th percentile of its points' distances from the sensor
-(the frame's origin). Measured on held-out simulated clouds (matrix base seed 1152, two pairs per
-cell, both clouds; docs/reliability.md): eight outdoor presets (VLP-16, HDL-32, VLP-32C, OS1-32,
-OS1-64, OS1-128, OS0-128 with its 90 deg field, Livox) in towns, suburbs, highways, parking lots,
-open fields and tunnels reach 10.9-104 m, but for one scan blocked by something within 2 m (2.0 m); depth cameras
-in rooms, offices and warehouses 4.0-10.0 m; an OS1-64 in rooms and offices 7.0-9.7 m and in a
-warehouse hall 26.7-28.8 m (where the outdoor settings suit it: 4 of 4 pairs right at 0.3 m, base
-seed 1148). Real scans: RAW KITTI 26 m, the KITTI loop pair 42 m, Newer College OS1-64 43-47 m,
-the 3DMatch demo fragments 3.0-3.2 m. Hence the bounds, in voxels so that they follow the
+The scale is the cloud's *reach*: the 90th percentile of its points' distances from the sensor (the
+frame's origin). Measured on held-out simulated clouds (matrix base seed 1152, two pairs per cell,
+both clouds; docs/reliability.md): eight outdoor presets (VLP-16, HDL-32, VLP-32C, OS1-32, OS1-64,
+OS1-128, OS0-128 with its 90 deg field, Livox) in towns, suburbs, highways, parking lots, open
+fields and tunnels reach 10.9-104 m, but for one scan blocked by something within 2 m (2.0 m);
+depth cameras in rooms, offices and warehouses 4.0-10.0 m; an OS1-64 in rooms and offices 7.0-9.7 m
+and in a warehouse hall 26.7-28.8 m (where the outdoor settings suit it: 4 of 4 pairs right at 0.3
+m, base seed 1148). Real scans: RAW KITTI 26 m, the KITTI loop pair 42 m, Newer College OS1-64
+43-47 m, the 3DMatch demo fragments 3.0-3.2 m. Hence the bounds, in voxels so that they follow the
 setting: under ``MIN_REACH_VOXELS`` (10.5 m at 0.3 m) is a room's scale, over ``MAX_REACH_VOXELS``
 (15 m at 0.05 m) a street's or a hall's. A stream is judged on the median reach of its first
 ``FIRST_SCANS`` scans, so that one scan facing a wall does not decide. A wrong hint costs a log
