@@ -47,7 +47,8 @@ def voxel_hint(reach: float, voxel_size: float) -> str:
     """Advice when ``voxel_size`` (metres) does not suit a cloud that reaches ``reach`` metres
     (``reach_m``), else ""."""
     voxels = reach / voxel_size
-    where = f"90 % of the points lie within {reach:.1f} m of the sensor, {voxels:.0f} voxels of {voxel_size:g} m"
+    where = (f"{REACH_PERCENTILE:g} % of the points lie within {reach:.1f} m of the sensor, {voxels:.0f} voxels "
+             f"of {voxel_size:g} m")
     if 0 < voxels < MIN_REACH_VOXELS:
         return (f"{where}: a room's scale. There a turn of 10-20 deg moves few voxels by more than the inlier "
                 f"distance, and wrong results can verify; for a depth camera or an indoor lidar use "
