@@ -930,7 +930,7 @@ class Registrar:
                 T = refine_icp(src.xyz, tgt.xyz, T, self.config, tgt.normals(self.config.voxel_size))
         result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message,
                                        structure=structure)
-        if structure and not hyp.message:
+        if not hyp.message:  # tracking's too: a sparse lidar's tracking collapses onto the rings' alias
             result = self._slide_recovered(src, tgt, result, timer)
         moved = result.refused_move  # a refused move carries its hypothesis's statistics too
         for r in (result,) if moved is None else (result, moved):
@@ -941,10 +941,11 @@ class Registrar:
 
     def _slide_recovered(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
                          timer: _Timer) -> RegistrationResult:
-        """A global search's ``result`` refused where the geometry leaves one direction nearly free
-        (weakest constraint below ``weak_constraint``), moved along that direction to where the
-        structure that would show a slide fits the target's (``slide_evidence``: poles, signs, ends
-        of walls), refined by ICP and verified by every test again (``slide_recovery``). The move is
+        """A ``result`` (a global search's or tracking's) refused where the geometry leaves one
+        direction nearly free (weakest constraint below ``weak_constraint``), moved along that
+        direction to where the structure that would show a slide fits the target's
+        (``slide_evidence``: poles, signs, ends of walls), refined by ICP and verified by every test
+        of a global search's result again (``slide_recovery``). The move is
         made only to a clear peak: ``slide_margin`` better than the result and than every position
         two inlier distances or more from it, so evenly spaced poles, which fit as well one spacing
         on, never choose, and never to zero motion (``at_zero_motion``: there the sensor's own
@@ -956,7 +957,11 @@ class Registrar:
         poles, and the estimate lands wherever those put it along the road: on the matrix of base
         seed 1128 (worlds 204 and 413, studied here, so development since) the VLP-16 and HDL-32
         highway pairs were refused 19 of 20 times, each off by about the pair's 10-20 m along the
-        road, while 19-99 of their matches were right (fresh held-out numbers: docs/reliability.md)."""
+        road, while 19-99 of their matches were right (fresh held-out numbers: docs/reliability.md).
+        Tracking collapses the same way: on a held-out VLP-16 highway drive (world 802) its result
+        landed within 0.2 m of zero motion at every scan of frames 2-29 while the prediction was
+        1.3-1.6 m ahead, and only a full global search placed each scan; moved, tracking's result
+        agrees with the prediction, which vouches for it (docs/reliability.md)."""
         cfg = self.config
         degeneracy = result.degeneracy
         if not cfg.slide_recovery or result.success or degeneracy is None \
