@@ -264,6 +264,11 @@ class RegistrationResult:
     # where it was asked: a result below min_fitness (trusted only with low_fitness_structure of
     # it) or a global search's result at zero motion or below weak_constraint; None elsewhere.
     structure_fit: float | None = None
+    # A global search's result refused because it lies at zero motion where the geometry leaves a
+    # direction nearly free (``Registrar._rest_doubt``): rest, or the sensor's own pattern lying on
+    # its twin; only a motion prior tells them apart. The odometry keeps its keyframe through such
+    # scans, so that the motion since it grows until a search can see it.
+    rest_unconfirmed: bool = False
     # Of the source voxels off the ground that a global search's result lays in directions the
     # target's sensor saw, the fraction where its rays passed (s2h_ros.free_space); None where not
     # asked (tracking, max_free_space off, a result refused before it).
@@ -298,6 +303,7 @@ class RegistrationResult:
             "repetition": self.repetition.to_dict() if self.repetition is not None else None,
             "slide_evidence": self.slide.to_dict() if self.slide is not None else None,
             "structure_fit": self.structure_fit,
+            "rest_unconfirmed": self.rest_unconfirmed,
             "free_space": self.free_space.to_dict() if self.free_space is not None else None,
             "fine": self.fine.to_dict() if self.fine is not None else None,
             "slid_m": self.slid_m,
@@ -430,7 +436,7 @@ def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: 
     motion (``at_zero_motion`` of ``src`` and ``tgt``: the sensors less than ``inlier_distance``
     apart, their patterns' axes together), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
-    ``_structure_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
+    ``_rest_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
     matches beside right results with 37-56), or where the geometry hardly constrains a direction
     (weakest constraint below ``min_constraint``): matches of structure extended along it support
     every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31).
@@ -779,7 +785,7 @@ class Registrar:
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        structure = support is None  # a global search's results must pass _structure_doubt too
+        structure = support is None  # a global search's results must pass _rest_doubt and _structure_doubt too
         result = self._finished(src, tgt, first, timer, structure=structure)
         verified = [result]  # every hypothesis refined and verified, for the rival test
         result = self._heading_round(src, tgt, headings[1:], init, timer, turned, picked, result, verified, unsettled,
@@ -923,7 +929,7 @@ class Registrar:
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: _Hypothesis, timer: _Timer,
                   structure: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``_structure_doubt``)."""
+        (``structure``: a global search's, which must also pass ``_rest_doubt`` and ``_structure_doubt``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -1192,7 +1198,8 @@ class Registrar:
                          slid: bool = False) -> RegistrationResult:
         """The success test of a transform ``T`` between the clouds' local frames, its covariance,
         and the result in the input frames; ``structure``: a global search's result, which must
-        also pass ``_structure_doubt`` (``register`` asks the repetition test, ``unrepeated``, of its final one).
+        also pass ``_rest_doubt`` and ``_structure_doubt`` (``register`` asks the repetition test,
+        ``unrepeated``, of its final one).
         ``slid``: a result moved along its weakest direction to where its structure fits
         (``_slide_recovered``): that structure, not the matches, pins the direction (matches on rails
         and road support every position along it alike), so ``min_inliers`` does not apply and the
@@ -1227,6 +1234,10 @@ class Registrar:
             message = _slide_refusal(slide, degeneracy, cfg)
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
+        rest = False
+        if success and structure:
+            message = self._rest_doubt(src, tgt, transform, slide, degeneracy)
+            rest, success = bool(message), not message
         if success and structure:
             message, structure_fit = self._structure_doubt(src, tgt, T, transform, fitness, timer, slide,
                                                            degeneracy, structure_fit)
@@ -1262,6 +1273,7 @@ class Registrar:
             degeneracy=degeneracy,
             slide=slide,
             structure_fit=structure_fit,
+            rest_unconfirmed=rest,
             free_space=seen_through,
         )
 
@@ -1339,18 +1351,13 @@ class Registrar:
         return (0 < cfg.few_inliers_floor <= n_inl < cfg.min_inliers and fitness >= cfg.min_fitness
                 and degeneracy.eigenvalue >= cfg.weak_constraint)
 
-    def _structure_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
-                         fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
-                         degeneracy: Degeneracy | None = None,
-                         structure_fit: float | None = None) -> tuple[str, float | None]:
-        """A global search's result (no motion prior behind it; ``T`` between the local frames,
-        ``transform`` between the input frames) must fit off the ground too (``structure_fitness``,
-        ``min_structure_fitness``) where the fitness and the constraint measure cannot tell it
-        from the truth: at zero motion (``at_zero_motion``), and in the grey zone of the constraint
-        measure (``slide`` asked: weakest constraint below ``weak_constraint``). At zero motion in
-        the grey zone it is not trusted at all. Returns the refusal message ("" when it fits or
-        neither applies) and the off-ground fitness (``structure_fit`` when already measured, else
-        measured here when asked).
+    def _rest_doubt(self, src: PreparedCloud, tgt: PreparedCloud, transform: np.ndarray,
+                    slide: SlideEvidence | None, degeneracy: Degeneracy) -> str:
+        """A global search's result (no motion prior behind it; ``transform`` between the input
+        frames) at zero motion (``at_zero_motion``) in the grey zone of the constraint measure
+        (``slide`` asked: weakest constraint below ``weak_constraint``) is not trusted: the refusal
+        message, "" where the rule does not apply. The result says so (``rest_unconfirmed``), and
+        the odometry keeps its keyframe through such scans (s2h_ros.odometry).
 
         The ground is not the only pattern a sensor draws the same way wherever it stands: rings
         on a guardrail, a noise barrier or a tunnel wall along the road lie on their twins at zero
@@ -1363,9 +1370,31 @@ class Registrar:
         (world 785), scans 11.4 m apart, trusted at zero motion with 0.93 of the slide test's
         structure fitting, as a sensor at rest fits its poles (0.90-0.96 on development worlds),
         every fit the verification has favouring it (docs/reliability.md). So in the grey zone,
-        where the scene gives little else, a global search cannot tell rest from a slide, and
-        its zero-motion result is refused; rest is confirmed by the motion prior instead
-        (tracking is not asked this).
+        where the scene gives little else, a global search cannot tell rest from a slide; rest is
+        confirmed by the motion prior instead (tracking is not asked this)."""
+        cfg = self.config
+        if slide is None or not at_zero_motion(transform, cfg, src, tgt):
+            return ""
+        moved = float(np.linalg.norm(transform[:3, 3]))
+        return (f"not trusted: zero motion ({moved:.2f} m) where the geometry hardly constrains "
+                f"{degeneracy.describe()} (weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}): "
+                "there the sensor's own pattern (rings on the ground, rails and walls; a wall seen at a grazing "
+                "angle drawn as columns) lies on its twin whatever the motion, and a global search cannot tell "
+                "rest from a slide")
+
+    def _structure_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
+                         fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
+                         degeneracy: Degeneracy | None = None,
+                         structure_fit: float | None = None) -> tuple[str, float | None]:
+        """A global search's result (no motion prior behind it; ``T`` between the local frames,
+        ``transform`` between the input frames) must fit off the ground too (``structure_fitness``,
+        ``min_structure_fitness``) where the fitness and the constraint measure cannot tell it
+        from the truth: at zero motion (``at_zero_motion``: the ground's sensor pattern aligns
+        there whatever the scene), and in the grey zone of the constraint measure (``slide``
+        asked: weakest constraint below ``weak_constraint``; at zero motion there ``_rest_doubt``
+        has refused it already). Returns the refusal message ("" when it fits or neither applies)
+        and the off-ground fitness (``structure_fit`` when already measured, else measured here
+        when asked).
 
         Away from zero motion, a result in the grey zone lays a wide, flat ground on the target's
         and the rows of a parking lot or a street's facades on rows and facades running the same
@@ -1377,12 +1406,6 @@ class Registrar:
         cfg = self.config
         zero, grey = at_zero_motion(transform, cfg, src, tgt), slide is not None
         moved = float(np.linalg.norm(transform[:3, 3]))
-        if zero and grey and degeneracy is not None:
-            return (f"not trusted: zero motion ({moved:.2f} m) where the geometry hardly constrains "
-                    f"{degeneracy.describe()} (weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}): "
-                    "there the sensor's own pattern (rings on the ground, rails and walls; a wall seen at a grazing "
-                    "angle drawn as columns) lies on its twin whatever the motion, and a global search cannot tell "
-                    "rest from a slide"), structure_fit
         if cfg.min_structure_fitness <= 0 or not (zero or grey):
             return "", structure_fit
         if structure_fit is None:

@@ -82,3 +82,29 @@ def test_a_trusted_step_off_the_truth_is_counted_wrong_and_a_new_segments_first_
     wrong = _wrong_trusted(SimpleNamespace(poses=np.stack(truth)), records)
     assert [(w["index"], w["after"]) for w in wrong] == [(2, 1)]
     assert _wrong_trusted(SimpleNamespace(poses=None), records) is None
+
+
+def test_drift_within_segments_leaves_out_the_motion_a_lost_track_did_not_see():
+    """A drive 300 m straight on, tracked exactly but lost for 30 m in the middle (a new segment
+    starts at the last trusted pose): over the whole run the lost 30 m count as error; within each
+    segment the tracking's own error, none, remains."""
+    from types import SimpleNamespace
+
+    from s2h_ros.benchmarks.stream import _metrics, _segment_metrics
+
+    def at(x: float) -> np.ndarray:
+        T = np.eye(4)
+        T[0, 3] = x
+        return T
+
+    records = []
+    for i in range(300):
+        lost = 120 <= i < 150
+        pose = None if lost else at(float(i) if i < 120 else float(i) - 30.0)  # the 30 m unseen
+        records.append({"index": i, "pose": None if pose is None else pose.tolist(), "segment": int(i >= 120)})
+    sequence = SimpleNamespace(poses=np.stack([at(float(i)) for i in range(300)]))
+    whole = _metrics(sequence, records, 0)
+    assert whole["ate_rmse_m"] > 5.0 and whole["t_err_pct"] > 5.0
+    parts = _segment_metrics(sequence, records)
+    assert [(p["segment"], p["first"], p["frames"]) for p in parts] == [(0, 0, 120), (1, 150, 150)]
+    assert all(p["ate_rmse_m"] < 1e-9 and p["t_err_pct"] < 1e-9 for p in parts), parts

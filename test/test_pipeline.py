@@ -374,8 +374,10 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
     assert structure_fitness(src, tgt, local, reg.config) >= reg.config.min_structure_fitness
     assert result.degeneracy.eigenvalue < reg.config.weak_constraint
     assert result.slide.gain < reg.config.slide_margin
+    assert result.rest_unconfirmed
     unchecked = Registrar(RegistrationConfig(weak_constraint=0.0)).register(src, tgt)
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 10.0
+    assert not unchecked.rest_unconfirmed
 
 
 def test_a_zero_motion_result_the_columns_of_a_tunnel_wall_support_is_not_trusted():
@@ -396,6 +398,7 @@ def test_a_zero_motion_result_the_columns_of_a_tunnel_wall_support_is_not_truste
     assert reg.config.min_constraint <= result.degeneracy.eigenvalue < reg.config.weak_constraint
     assert result.slide.fits > 0.9 and result.slide.gain < reg.config.slide_margin, result.slide
     assert not result.success and "cannot tell rest from a slide" in result.message, result.message
+    assert result.rest_unconfirmed  # the odometry keeps its keyframe through it
 
 
 def test_a_result_the_ground_carries_where_the_geometry_is_weak_is_not_trusted():
@@ -699,6 +702,7 @@ def test_a_sensor_at_rest_on_a_highway_is_not_trusted_by_a_global_search():
     assert result.degeneracy.eigenvalue < RegistrationConfig().weak_constraint and result.slide is not None
     assert result.slide.fits >= 0.8, result.slide
     assert not result.success and "cannot tell rest from a slide" in result.message, result.message
+    assert result.rest_unconfirmed
 
 
 def test_a_real_scan_at_zero_motion_is_still_trusted_by_the_global_search():

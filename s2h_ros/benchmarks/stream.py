@@ -15,7 +15,9 @@ max), the worker's step time, the mean time per stage and scan (``OdometryStep.t
 scan's voxelisation and features, the registration's stages, the local map's refinement, and the
 rest), trusted fraction and
 events, ATE and KITTI drift of the trusted poses against ground truth (only the scans processed;
-``s2h bench replay`` holds the last pose for dropped scans instead), peak resident and GPU memory,
+``s2h bench replay`` holds the last pose for dropped scans instead) and within each segment
+(``metrics_by_segment``: after a lost track the poses go on from the last trusted one, the motion
+in between unknown, which the whole run's drift counts as error), peak resident and GPU memory,
 and, where kiss-icp is installed, KISS-ICP on the same scans offline in the same run.
 
 Why in process as well as ``s2h bench replay`` (the same node over DDS): it isolates compute from
@@ -187,6 +189,23 @@ def _metrics(sequence, records: list[dict], first: int) -> dict:
     return sequence_metrics(gt, est)
 
 
+def _segment_metrics(sequence, records: list[dict]) -> list[dict]:
+    """``_metrics`` of each segment's trusted poses alone (segments with at least 2), in order: a
+    new segment continues the odometry frame from the last trusted pose with the motion in between
+    unknown, so drift over the whole run counts that motion as error; within a segment it is the
+    tracking's own."""
+    segments: dict[int, list[dict]] = {}
+    for r in records:
+        if r["pose"] is not None:
+            segments.setdefault(r["segment"], []).append(r)
+    out = []
+    for segment, members in segments.items():
+        if len(members) >= 2:
+            m = _metrics(sequence, members, members[0]["index"])
+            out.append({"segment": segment, "first": members[0]["index"], **m})
+    return out
+
+
 def _wrong_trusted(sequence, records: list[dict]) -> list[dict] | None:
     """Trusted steps whose motion since the previous trusted scan of the same segment differs from
     the truth by more than s2h bench trust's bounds (the soak's ``judge_stream`` rule); None without
@@ -267,6 +286,7 @@ def run(args: argparse.Namespace) -> dict:
         "trusted": trusted, "deskewed": sum(r["deskewed"] for r in records), "events": events,
         "searches": dict(Counter(r["search"] for r in records if r["search"])),
         "metrics_trusted": _metrics(sequence, records, first),
+        "metrics_by_segment": _segment_metrics(sequence, records),
         "wrong_trusted": _wrong_trusted(sequence, records),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_gpu_mb": (torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
@@ -297,6 +317,12 @@ def summary(out: dict) -> str:
     if "ate_rmse_m" in m:
         lines.append(f"  trusted poses: ATE {100 * m['ate_rmse_m']:.1f} cm, KITTI drift "
                      f"{m['t_err_pct']:.2f} % over {m['length_m']:.0f} m")
+    parts = [s for s in out.get("metrics_by_segment", []) if "ate_rmse_m" in s]
+    if len(parts) > 1 or (parts and parts[0]["first"] != out["first"]):
+        longest = max(parts, key=lambda s: s["length_m"])
+        lines.append(f"  within segments ({len(parts)} with 2+ trusted scans; the motion between them is unknown): "
+                     f"the longest, {longest['frames']} scans over {longest['length_m']:.0f} m, ATE "
+                     f"{100 * longest['ate_rmse_m']:.1f} cm, KITTI drift {longest['t_err_pct']:.2f} %")
     kiss = out.get("kiss_icp")
     if kiss and "metrics" in kiss:
         km = kiss["metrics"]
