@@ -424,6 +424,7 @@ class KeyframeOdometry:
                 checked = global_
             if checked is global_ and not confirmed:  # the global search alone says so: once more
                 checked = self._reproduced(prepared, keyframe.cloud, global_)
+        checked = self.registrar.tilt_restarted(prepared, keyframe.cloud, checked)  # a sparse lidar's tilt
         checked.timings["total"] = 1e3 * (time.perf_counter() - t0)  # every attempt, wall clock
         # Attempts whose result was not kept (e.g. tracking, before the global search replaced it).
         kept = sum(v for k, v in checked.timings.items() if k not in ("total", "discarded"))
@@ -736,6 +737,7 @@ class KeyframeOdometry:
         for keyframe in kept[:self.cfg.relocalisation_tries]:
             init = geometry.invert_transform(keyframe.pose) @ predicted
             result = self._reproduced(prepared, keyframe.cloud, self._global_search(prepared, keyframe, init))
+            result = self.registrar.tilt_restarted(prepared, keyframe.cloud, result)
             refinement = self._map_refined(prepared, scan, keyframe, result)
             if result.success:
                 result.message = f"relocalised against keyframe {keyframe.id} after {self.failures} failed scans"
