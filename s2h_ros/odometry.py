@@ -666,8 +666,9 @@ class KeyframeOdometry:
         result.timings["total"] = result.timings.get("total", 0.0) + refinement.ms
         if not refinement.used and refinement.refined is not None:
             result.success = False
-            result.message = (f"{refinement.message.removesuffix(': not used')}: the local map of "
-                              f"{len(self.local_map)} keyframes and keyframe {keyframe.id} disagree, not trusted")
+            kept = len(self.local_map)
+            result.message = (f"{refinement.message.removesuffix(': not used')}: the local map of {kept} "
+                              f"keyframe{'s' if kept != 1 else ''} and keyframe {keyframe.id} disagree, not trusted")
         return refinement
 
     def _tracked(self, index: int, stamp: float, prepared: PreparedCloud, scan: np.ndarray | None, keyframe: Keyframe,
