@@ -361,11 +361,18 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig, src: Prepared
     rosette) lies on its twin whatever the scene."""
     if float(np.linalg.norm(transform[:3, 3])) >= cfg.inlier_distance:
         return False
-    z = np.array([0.0, 0.0, 1.0])
-    axis_src = z if src is None else src.pattern_axis()
-    axis_tgt = z if tgt is None else tgt.pattern_axis()
-    cos = float(np.clip((transform[:3, :3] @ axis_src) @ axis_tgt, -1.0, 1.0))
-    return float(np.degrees(np.arccos(cos))) < ZERO_MOTION_TILT_DEG
+    axis_src = _Z if src is None else src.pattern_axis()
+    axis_tgt = _Z if tgt is None else tgt.pattern_axis()
+    return _tilt_deg(transform, axis_src, axis_tgt) < ZERO_MOTION_TILT_DEG
+
+
+_Z = np.array([0.0, 0.0, 1.0])
+
+
+def _tilt_deg(T: np.ndarray, axis_src: np.ndarray = _Z, axis_tgt: np.ndarray = _Z) -> float:
+    """Degrees ``T`` (4, 4) turns the source's unit ``axis_src`` (3,) away from the target's
+    ``axis_tgt`` (z: how far it tilts the source sensor against the target's)."""
+    return float(np.degrees(np.arccos(np.clip((T[:3, :3] @ axis_src) @ axis_tgt, -1.0, 1.0))))
 
 
 # Sensors whose pattern axes (``PreparedCloud.pattern_axis``) a result tilts by more than this
@@ -1204,26 +1211,25 @@ class Registrar:
         picked = self._matched_subset(source, RESTART_POINTS)
         xyz = source.xyz if picked is None else source.xyz[picked]
         local = geometry.shift_transform(result.transform, -source.origin, -target.origin)
-        best, best_fit = local, surface_fit(xyz, target, local, cfg.voxel_size)
+        best, best_fit = local, surface_fit(xyz, target, local, cfg)
         with timer.stage("restart"):
             for axis in np.eye(3)[:2]:
                 for sign in (-1.0, 1.0):
                     turn = geometry.make_transform(Rotation.from_rotvec(np.radians(sign * cfg.tilt_restart_deg) * axis)
                                                    .as_matrix(), np.zeros(3))
                     T = refine_icp(xyz, target.xyz, local @ turn, cfg, normals)
-                    fit = surface_fit(xyz, target, T, cfg.voxel_size)
+                    fit = surface_fit(xyz, target, T, cfg)
                     if fit >= best_fit + RESTART_GAIN:
                         best, best_fit = T, fit
         if best is local:
             result.timings["restart"] = timer.ms["restart"]
             return result
-        with timer.stage("restart"):
-            best = refine_icp(source.xyz, target.xyz, best, cfg, normals)
-        pairs = result.correspondences
-        restarted = self._verified_result(source, target, best, pairs, np.ones(len(pairs), np.float32), timer,
-                                          require_inliers=False)
-        restarted.timings = {**result.timings, **{k: result.timings.get(k, 0.0) + v for k, v in timer.ms.items()}}
-        restarted.timings["total"] = result.timings.get("total", 0.0) + 1e3 * (time.perf_counter() - t_start)
+        restarted = self.refine(source, target, geometry.shift_transform(best, source.origin, target.origin),
+                                result.correspondences)  # every voxel, verified
+        timings = dict(result.timings)
+        for stage, ms in {**restarted.timings, **timer.ms}.items():
+            timings[stage] = timings.get(stage, 0.0) + ms
+        restarted.timings = {**timings, "total": result.timings.get("total", 0.0) + 1e3 * (time.perf_counter() - t_start)}
         if not restarted.success:
             result.timings = restarted.timings
             return result
@@ -1668,25 +1674,14 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
     return T
 
 
-def surface_fit(src_xyz: np.ndarray, target: "PreparedCloud", T: np.ndarray, voxel: float) -> float:
+def surface_fit(src_xyz: np.ndarray, target: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> float:
     """The fraction of the ``(N, 3)`` source voxels (local frame) that ``T`` (4, 4, local frames) lays
-    on the target's surfaces: within ``SURFACE_TOLERANCE * voxel`` of the plane of their nearest
-    target voxel, that one within two voxels (ICP's correspondence distance)."""
-    moved = geometry.apply_transform(T, np.asarray(src_xyz, np.float64))
-    distance, index = target.spatial_index().query(moved, distance_upper_bound=2.0 * voxel, workers=cpu_workers())
-    distance, index = np.asarray(distance), np.asarray(index)
-    near = np.isfinite(distance)
-    if not near.any():
-        return 0.0
-    index = index[near]
-    offset = moved[near] - target.xyz[index].astype(np.float64)
-    along = np.abs(np.einsum("ij,ij->i", target.normals(voxel)[index], offset))
-    return float((along < SURFACE_TOLERANCE * voxel).sum() / len(moved))
-
-
-def _tilt_deg(T: np.ndarray) -> float:
-    """Degrees ``T`` (4, 4) tilts its source's z axis against the target's."""
-    return float(np.degrees(np.arccos(np.clip(T[2, 2], -1.0, 1.0))))
+    on the target's surfaces: their point-to-plane residual (``point_to_plane_rows``) against their
+    nearest target voxel within two voxels (ICP's correspondence distance) below
+    ``SURFACE_TOLERANCE`` voxels."""
+    nearest = nearest_voxels(src_xyz, T, target.spatial_index(), 2.0 * cfg.voxel_size)
+    rows = point_to_plane_rows(src_xyz, target, T, cfg, nearest)
+    return float((np.abs(rows.residuals) < SURFACE_TOLERANCE * cfg.voxel_size).sum() / max(len(src_xyz), 1))
 
 
 def _rings_apart(cloud: "PreparedCloud") -> bool:

@@ -55,8 +55,8 @@ def test_the_surfaces_prefer_the_truth_where_the_fitness_prefers_nothing_clearly
     truth than 2.5 deg tilted, by far more than the restart's gain of 0.01."""
     src, tgt, truth = handheld_vlp16
     local = lambda T: geometry.shift_transform(T, -src.origin, -tgt.origin)  # noqa: E731
-    at_truth = surface_fit(src.xyz, tgt, local(truth), 0.3)
-    tilted = surface_fit(src.xyz, tgt, local(_tilted(truth, (1, 0, 0), 2.5)), 0.3)
+    at_truth = surface_fit(src.xyz, tgt, local(truth), registrar.config)
+    tilted = surface_fit(src.xyz, tgt, local(_tilted(truth, (1, 0, 0), 2.5)), registrar.config)
     assert 0.2 < at_truth <= 1.0 and at_truth > tilted + 0.05, (at_truth, tilted)
 
 
