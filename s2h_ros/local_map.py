@@ -34,8 +34,8 @@ import numpy as np
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.handover import in_background
-from s2h_ros.pipeline import CheckedCloud, Refinement, check_cloud, refine_icp
-from s2h_ros.surface import estimate_normals, on_device
+from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, refine_icp
+from s2h_ros.surface import estimate_surface, on_device, planar_surface
 
 
 class LocalMap:
@@ -55,7 +55,7 @@ class LocalMap:
         self.check_voxel = registration.voxel_size
         self.device = registration.device
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
-        self._map: tuple[np.ndarray, np.ndarray] | None = None  # (P, 3) points, (P, 3) normals
+        self._map: tuple[np.ndarray, np.ndarray, IcpTarget] | None = None  # points, normals, ICP target
         self._building: Future | None = None  # the map of the current keyframes, started by ``add``
 
     def __len__(self) -> int:
@@ -87,6 +87,11 @@ class LocalMap:
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The map: ``(P, 3)`` points in the odometry frame, downsampled at ``voxel``, and their
         ``(P, 3)`` normals (computed once per change of keyframes)."""
+        return self._surface()[:2]
+
+    def _surface(self) -> tuple[np.ndarray, np.ndarray, IcpTarget]:
+        """``points`` and what the ICP aligns a scan to (``icp_min_planarity``: the points without
+        line-like neighbourhoods, :func:`s2h_ros.surface.planar_surface`)."""
         if self._map is None:
             building, self._building = self._building, None
             self._map = building.result() if building is not None else self._build(list(self._scans))
@@ -95,7 +100,12 @@ class LocalMap:
     def _build(self, scans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
         xyz = geometry.voxel_mean(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in scans]),
                                   self.voxel, self.device)
-        return xyz, estimate_normals(xyz, self.normal_voxel, self.device)
+        normals, planarity = estimate_surface(xyz, self.normal_voxel, self.device,
+                                              planarity=self.icp.icp_min_planarity > 0)
+        up = np.mean([pose[:3, 2] for _, pose in scans], axis=0)  # the sensors' z: their rings' axis
+        keep, planes = planar_surface(xyz, normals, planarity, self.normal_voxel, self.icp.icp_min_planarity,
+                                      up / np.linalg.norm(up), self.device)
+        return xyz, normals, IcpTarget(xyz[keep], planes)
 
     def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float) -> Refinement:
         """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map. Used
@@ -105,8 +115,8 @@ class LocalMap:
         t0 = time.perf_counter()
         if not self._scans:
             return Refinement(pose, False, "the local map is empty", 0.0, 0.0, 0.0)
-        xyz, normals = self.points()
-        refined = refine_icp(scan, xyz, pose, self.icp, normals)
+        target = self._surface()[2]
+        refined = refine_icp(scan, target.xyz, pose, self.icp, target.normals)
         return Refinement.bounded(pose, refined, max_move_m, max_turn_deg,
                                   "the refinement against the local map moved the trusted pose",
                                   1e3 * (time.perf_counter() - t0))

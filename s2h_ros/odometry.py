@@ -805,7 +805,7 @@ class KeyframeOdometry:
         # from now, on a helper thread (the next step waits for what is still being computed when it
         # asks). On the CPU Open3D computes them, holding the interpreter lock: in line, when asked.
         if on_device(self.registrar.config.device):
-            in_background(prepared.warm, self.registrar.config.voxel_size, name="keyframe")
+            in_background(prepared.warm, self.registrar.config, name="keyframe")
         if self.local_map is not None:
             self.local_map.add(scan, pose)
 
@@ -832,7 +832,7 @@ class KeyframeOdometry:
             return
         seed.cloud = again.cloud
         if on_device(self.registrar.config.device):
-            in_background(again.cloud.warm, self.registrar.config.voxel_size, name="keyframe")
+            in_background(again.cloud.warm, self.registrar.config, name="keyframe")
         if self.local_map is not None:
             self.local_map.clear()
             self.local_map.add(again.map_scan, seed.pose)

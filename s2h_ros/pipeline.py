@@ -50,7 +50,7 @@ from s2h_ros.hash_grid import DeviceIndex
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
-from s2h_ros.surface import estimate_normals, estimate_surface, on_device
+from s2h_ros.surface import estimate_normals, estimate_surface, on_device, planar_surface
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
 # sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
@@ -64,6 +64,13 @@ class RegistrationError(ValueError):
     """The input clouds cannot be registered: wrong shape or dtype, no finite point, mostly absurd
     coordinates, float32 coordinates too far out to be precise, too few voxels, a device or weight
     file that cannot be used. The message names the cloud ("source", "target") and the problem."""
+
+
+class IcpTarget(NamedTuple):
+    """What point-to-plane ICP aligns a scan to (``PreparedCloud.icp_target``)."""
+
+    xyz: np.ndarray  # (K, 3) voxels, local frame
+    normals: np.ndarray  # (K, 3) float64 unit normals
 
 
 @dataclass
@@ -86,6 +93,7 @@ class PreparedCloud:
 
     _normals: np.ndarray | None = field(default=None, repr=False)
     _planarity: np.ndarray | None = field(default=None, repr=False)
+    _icp_target: tuple[float, "IcpTarget"] | None = field(default=None, repr=False)  # (min_planarity, target)
     _tree: object = field(default=None, repr=False)
     _range_image: np.ndarray | None = field(default=None, repr=False)
     # Guards the four above: a keyframe's are computed on a helper thread (``warm``) while the
@@ -145,6 +153,19 @@ class PreparedCloud:
                 self._keep_surface(voxel_size, normals=False)
             return self._planarity
 
+    def icp_target(self, cfg: RegistrationConfig) -> "IcpTarget":
+        """The voxels point-to-plane ICP aligns a scan to and their normals (``icp_min_planarity``:
+        without line-like neighbourhoods, :func:`s2h_ros.surface.planar_surface`), computed once."""
+        if not cfg.icp_min_planarity > 0:
+            return IcpTarget(self.xyz, self.normals(cfg.voxel_size))
+        normals, planarity, axis = self.normals(cfg.voxel_size), self.planarity(cfg.voxel_size), self.pattern_axis()
+        with self._lock:
+            if self._icp_target is None or self._icp_target[0] != cfg.icp_min_planarity:
+                keep, unit = planar_surface(self.xyz, normals, planarity, cfg.voxel_size, cfg.icp_min_planarity,
+                                            axis, self.device)
+                self._icp_target = (cfg.icp_min_planarity, IcpTarget(self.xyz[keep], unit))
+            return self._icp_target[1]
+
     def _keep_surface(self, voxel_size: float, normals: bool = True, planarity: bool = True) -> None:
         """Compute what is asked (a GPU device gives both at once) and keep what is new; under ``_lock``."""
         unit, flatness = estimate_surface(self.xyz, voxel_size, self.device, normals, planarity)
@@ -172,13 +193,14 @@ class PreparedCloud:
                 self._range_image = range_image(self.input_frame_xyz())
             return self._range_image
 
-    def warm(self, voxel_size: float) -> None:
-        """Compute now what a keyframe's registrations ask for (spatial index, normals, planarity),
-        in the order they ask; an error is left for the registration that asks to raise."""
+    def warm(self, cfg: RegistrationConfig) -> None:
+        """Compute now what a keyframe's registrations ask for (spatial index, normals, planarity,
+        ICP target), in the order they ask; an error is left for the registration that asks to raise."""
         try:
             self.spatial_index()
-            self.normals(voxel_size)
-            self.planarity(voxel_size)
+            self.normals(cfg.voxel_size)
+            self.planarity(cfg.voxel_size)
+            self.icp_target(cfg)
         except Exception:  # noqa: BLE001 - the worker computes it again and raises there
             pass
 
@@ -187,7 +209,7 @@ class PreparedCloud:
         cloud's; e.g. those of the cloud turned to a heading), same origin (nothing cached is shared)."""
         features = self.features if features is None else features
         return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
-                                   _normals=None, _planarity=None, _tree=None, _range_image=None,
+                                   _normals=None, _planarity=None, _icp_target=None, _tree=None, _range_image=None,
                                    _pattern_axis=None)
 
 
@@ -955,7 +977,8 @@ class Registrar:
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
-                T = refine_icp(src.xyz, tgt.xyz, T, self.config, tgt.normals(self.config.voxel_size))
+                surface = tgt.icp_target(self.config)
+                T = refine_icp(src.xyz, surface.xyz, T, self.config, surface.normals)
         result = self._verified_result(src, tgt, T, hyp.pairs, hyp.weights, timer, message=hyp.message,
                                        structure=structure)
         if not hyp.message:  # tracking's too: a sparse lidar's tracking collapses onto the rings' alias
@@ -1011,7 +1034,8 @@ class Registrar:
             if at_zero_motion(geometry.shift_transform(start, src.origin, tgt.origin), cfg, src, tgt):
                 break  # there the sensor's own pattern on the structure fits its twin, whatever the truth
             with timer.stage("refine"):
-                T = refine_icp(src.xyz, tgt.xyz, start, cfg, tgt.normals(cfg.voxel_size)).copy()
+                surface = tgt.icp_target(cfg)
+                T = refine_icp(src.xyz, surface.xyz, start, cfg, surface.normals).copy()
             # ICP refines the other five directions; along d the structure decides, and the sensor's
             # rings on the road and the rails pull ICP back towards the alias
             T[:3, 3] -= ((T[:3, 3] - start[:3, 3]) @ d) * d
@@ -1207,7 +1231,7 @@ class Registrar:
             return result
         t_start = time.perf_counter()
         timer = _Timer()
-        normals = target.normals(cfg.voxel_size)
+        surface = target.icp_target(cfg)
         picked = self._matched_subset(source, RESTART_POINTS)
         xyz = source.xyz if picked is None else source.xyz[picked]
         local = geometry.shift_transform(result.transform, -source.origin, -target.origin)
@@ -1217,7 +1241,7 @@ class Registrar:
                 for sign in (-1.0, 1.0):
                     turn = geometry.make_transform(Rotation.from_rotvec(np.radians(sign * cfg.tilt_restart_deg) * axis)
                                                    .as_matrix(), np.zeros(3))
-                    T = refine_icp(xyz, target.xyz, local @ turn, cfg, normals)
+                    T = refine_icp(xyz, surface.xyz, local @ turn, cfg, surface.normals)
                     fit = surface_fit(xyz, target, T, cfg)
                     if fit >= best_fit + RESTART_GAIN:
                         best, best_fit = T, fit
@@ -1250,8 +1274,9 @@ class Registrar:
         timer = _Timer()
         pairs = np.zeros((0, 2), np.int64) if correspondences is None else correspondences
         with timer.stage("refine"):
-            T = refine_icp(source.xyz, target.xyz, geometry.shift_transform(init, -source.origin, -target.origin),
-                           cfg, target.normals(cfg.voxel_size), coarse=coarse)
+            surface = target.icp_target(cfg)
+            T = refine_icp(source.xyz, surface.xyz, geometry.shift_transform(init, -source.origin, -target.origin),
+                           cfg, surface.normals, coarse=coarse)
         result = self._verified_result(source, target, T, pairs, np.ones(len(pairs), np.float32), timer,
                                        require_inliers=False)
         result.search = "icp"

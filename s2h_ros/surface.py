@@ -7,6 +7,13 @@ eigenvector of the smallest eigenvalue of the neighbourhood's covariance; its pl
 surface, 0 on a line or a blob: :mod:`s2h_ros.degeneracy` says why it weights the alignment's rows).
 A neighbourhood of fewer than 3 voxels has no surface: normal ``(0, 0, 1)``, planarity 0.
 
+What point-to-plane ICP aligns a scan to (``icp_min_planarity``, :func:`planar_surface`): the
+voxels with a plane. A 16-32-beam lidar's rings draw lines on the ground and on walls; a line's
+"normal" is any direction across it, and its rows pull the scan onto the target's rings, which
+moved with the sensor (ICP from the truth walked 1.4 deg off on a handheld VLP-16 pair,
+test_icp.py). Lines get a second, wider look, lines along the rings' axis stay, and the rest is
+left out only where the planes alone hold the pose (``facing_area``).
+
 Two ways to compute it, the same numbers (test_surface.py, on the real KITTI scan):
 
 - **CPU** (``device`` "cpu"): Open3D (``estimate_normals``, ``estimate_covariances``), the faster
@@ -35,6 +42,17 @@ from s2h_ros.hash_grid import HashGrid
 # (measured: 0.4-2 m wrong, trusted steps on a VLP-16 drive; none with 5 voxels).
 NORMAL_RADIUS_VOXELS = 5.0
 NEIGHBOURS = 30
+# A voxel whose neighbourhood is line-like (planarity below ``icp_min_planarity``) is looked at
+# again over this many times the radius (``planar_surface``).
+WIDE_NEIGHBOURHOOD = 2.5
+# ``planar_surface`` keeps every voxel unless the planes it would keep offer at least this much
+# surface (m^2, voxels x voxel area) facing every direction the translation can take once the
+# rotation is free. Development worlds (0.3 m voxels; scans 0 and 20 of worlds 839, 873, 884, 921,
+# 941, 962): towns, suburbs, parking lots 12-38 m^2, where ICP from the truth against the planes
+# alone stays closer (VLP-16 mean RE 0.34-0.77 -> 0.14-0.15 deg); VLP-16 and HDL-32 highways
+# 0.7-1.6 m^2, where it strays further (RE 0.08 -> 0.16-0.32 deg, TE 2-4x: the guardrails' lines
+# hold the road's length); an HDL-64 highway 24-40 m^2; tunnels and open fields 0.02-0.15 m^2.
+MIN_PLANAR_AREA = 4.5
 # Voxels whose neighbourhoods are gathered at once on the GPU path (bounds its memory: 30
 # neighbours x 3 coordinates x 8 bytes x 65,536 = 47 MB).
 _CHUNK = 65_536
@@ -162,16 +180,83 @@ def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device =
     if on_device(device):
         return normals_and_planarity(*local_covariances(xyz, radius, NEIGHBOURS, device))
     cloud, search = _open3d_cloud(xyz), _open3d_search(radius)
-    unit = flatness = None
-    if normals:
+    if normals and not planarity:
         cloud.estimate_normals(search)
-        unit = np.asarray(cloud.normals)
-    if planarity:
-        cloud.estimate_covariances(search)
-        flatness = _planarity(np.linalg.eigvalsh(np.asarray(cloud.covariances)))
-    return unit, flatness
+        return np.asarray(cloud.normals), None
+    cloud.estimate_covariances(search)  # both from one neighbour search
+    values, vectors = np.linalg.eigh(np.asarray(cloud.covariances))
+    unit = None
+    if normals:
+        unit = vectors[:, :, 0]
+        # fewer than 3 voxels: Open3D's covariance is then the identity (all eigenvalues equal), or
+        # one of two voxels a line; no surface, the normal (0, 0, 1) (module text)
+        spread = values[:, 2] * RANK_TOLERANCE
+        unit[(values[:, 1] <= spread) | (values[:, 2] - values[:, 0] <= spread)] = (0.0, 0.0, 1.0)
+    return unit, _planarity(values)
 
 
 def estimate_normals(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu") -> np.ndarray:
     """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels of size ``voxel`` (module text)."""
     return estimate_surface(xyz, voxel, device, planarity=False)[0]
+
+
+
+def _covariances(xyz: np.ndarray, radius: float, device: str | torch.device) -> np.ndarray:
+    """``(M, 3, 3)`` float64 covariance of each voxel's neighbourhood (the ``NEIGHBOURS`` nearest
+    within ``radius``): torch on a GPU device, Open3D on the CPU (the identity under 3 voxels)."""
+    if on_device(device):
+        return local_covariances(xyz, radius, NEIGHBOURS, device)[0].cpu().numpy()
+    cloud = _open3d_cloud(xyz)
+    cloud.estimate_covariances(_open3d_search(radius))
+    return np.asarray(cloud.covariances)
+
+
+def planar_surface(xyz: np.ndarray, normals: np.ndarray, planarity: np.ndarray, voxel: float,
+                   min_planarity: float, axis: np.ndarray, device: str | torch.device = "cpu"
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(M, 3)`` voxels that point-to-plane ICP aligns a scan to: ``(K,)`` int64 indices into
+    them and their ``(K, 3)`` float64 unit normals, from the voxels' ``normals`` and ``planarity``
+    (``estimate_surface`` at ``voxel``) and the ``(3,)`` axis the sensor's rings are drawn about.
+
+    A voxel whose planarity reaches ``min_planarity`` keeps its normal. Below it the neighbourhood
+    is a line. A sparse lidar's ring on the ground is one: its "normal" is any direction across the
+    ring, and the rows it gives pull the scan onto the target's rings, which moved with the sensor.
+    Such a voxel is looked at again over ``WIDE_NEIGHBOURHOOD`` times the radius, where the next
+    rings make it the ground, and kept with that normal when the wider neighbourhood is planar. A
+    line that runs along the axis (within 45 deg: a pole, a building's edge, a tree trunk) is no
+    ring and keeps its own normal; it fixes a road's length where little else does. The rest (a
+    lone ring, a rail across the axis) is left out, unless what remains would hold the
+    translation less firmly than ``MIN_PLANAR_AREA`` in some direction (``facing_area``): then
+    every voxel with its own normal. ``min_planarity`` 0: every voxel."""
+    given = np.asarray(normals, dtype=np.float64)
+    if min_planarity <= 0:
+        return np.arange(len(xyz)), given
+    normals = given.copy()
+    keep = np.asarray(planarity) >= min_planarity
+    line = np.flatnonzero(~keep)
+    if len(line):
+        values, vectors = np.linalg.eigh(_covariances(xyz, WIDE_NEIGHBOURHOOD * NORMAL_RADIUS_VOXELS * voxel, device)[line])
+        wide = _planarity(values) >= min_planarity
+        normals[line[wide]] = vectors[wide, :, 0]
+        own = _covariances(xyz, NORMAL_RADIUS_VOXELS * voxel, device)[line]
+        along = np.einsum("i,nij,j->n", axis, own, axis) / np.maximum(np.trace(own, axis1=1, axis2=2), 1e-12)
+        keep[line[wide | (along > 0.5)]] = True
+    picked = np.flatnonzero(keep)
+    if facing_area(xyz[picked], normals[picked], voxel) < MIN_PLANAR_AREA:
+        return np.arange(len(xyz)), given
+    return picked, normals[picked]
+
+
+def facing_area(xyz: np.ndarray, normals: np.ndarray, voxel: float) -> float:
+    """m^2 of surface that ``(M, 3)`` voxels of size ``voxel`` with unit ``normals`` offer against
+    the weakest translation once rotation is free: the smallest eigenvalue of the translation's
+    Schur complement of the point-to-plane information ``sum J^T J``, ``J = [n, p x n]``, times
+    the voxel's area (one voxel of a plane facing a direction counts its area)."""
+    if len(xyz) < 7:
+        return 0.0
+    p = np.asarray(xyz, np.float64) - np.mean(xyz, axis=0)
+    n = np.asarray(normals, np.float64)
+    J = np.hstack([n, np.cross(p, n)])
+    A = J.T @ J
+    S = A[:3, :3] - A[:3, 3:] @ np.linalg.pinv(A[3:, 3:], rcond=1e-10, hermitian=True) @ A[3:, :3]
+    return float(max(np.linalg.eigvalsh((S + S.T) / 2)[0], 0.0)) * voxel ** 2
