@@ -360,28 +360,35 @@ def test_a_slide_is_moved_to_where_its_poles_fit_and_trusted_there(registrar):
 
 def test_tracking_that_collapses_onto_the_rings_is_moved_to_where_its_poles_fit(registrar):
     """Held-out world 802 (VLP-16 highway), consecutive scans 1.4-1.5 m apart, the prediction 0.2 m
-    off: tracking (candidates around the prediction) lands near zero motion, where the rings on the
-    road and rails lie on their twins, and the slide test refuses it; moved along the road to where
-    its poles fit, as a global search's result is, it is trusted within 0.15 m of the truth. With
-    ``slide_recovery`` off it stays refused 1.2-1.5 m short (every scan of the drive's first
-    three seconds then cost a full global search)."""
+    off. With ICP against every voxel (``icp_min_planarity`` 0) tracking (candidates around the
+    prediction) lands near zero motion, where the rings on the road and rails lie on their twins,
+    and the slide test refuses it; moved along the road to where its poles fit, as a global
+    search's result is, it is trusted within 0.15 m of the truth. With ``slide_recovery`` off it
+    stays refused 1.2-1.5 m short (every scan of the drive's first three seconds then cost a full
+    global search). ICP against the keyframe's planes (the default) does not collapse at scan 10:
+    trusted without a move, 0.8 cm off (12 cm moved); at scan 20 the planes alone would let the
+    scan slide (``facing_area``), every voxel stays, and the move is the same (1.4 cm off)."""
     from s2h_ros.datasets.synthetic import simulate_sequence
 
     seq = simulate_sequence(n_frames=150, seed=802, sensor="vlp16", family="highway")
-    off = Registrar(registrar.config.replace(slide_recovery=False))
-    off._models = registrar._load_models()
+    every_voxel = Registrar(registrar.config.replace(icp_min_planarity=0.0))
+    off = Registrar(every_voxel.config.replace(slide_recovery=False))
+    every_voxel._models = off._models = registrar._load_models()
     for a in (10, 20):
         truth = geometry.invert_transform(seq.poses[a]) @ seq.poses[a + 1]
         prediction = truth.copy()
         prediction[0, 3] += 0.2
         src, tgt = registrar.prepare(seq[a + 1].points), registrar.prepare(seq[a].points)
-        tracked = registrar.register(src, tgt, init=prediction, search="prior")
+        tracked = every_voxel.register(src, tgt, init=prediction, search="prior")
         assert tracked.success and tracked.slid_m is not None, tracked.message
         re, te = geometry.transform_errors(tracked.transform, truth)
         assert te < 0.15 and re < 0.3, (te, re)
         collapsed = off.register(src, tgt, init=prediction, search="prior")
         assert not collapsed.success and collapsed.message.startswith("degenerate: a slide"), collapsed.message
         assert geometry.transform_errors(collapsed.transform, truth)[1] > 1.0
+        planes = registrar.register(src, tgt, init=prediction, search="prior")
+        assert planes.success and (planes.slid_m is None) == (a == 10), planes.message
+        assert geometry.transform_errors(planes.transform, truth)[1] < 0.03
 
 
 def test_a_slide_never_ends_at_zero_motion(registrar):

@@ -84,7 +84,7 @@ def handheld_vlp16_pair():
     from s2h_ros.datasets.synthetic import CARRIERS, simulate_sequence
 
     seq = simulate_sequence(n_frames=6, seed=873, sensor="vlp16", family="town", **CARRIERS["handheld"])
-    registrar = Registrar(RegistrationConfig(tilt_restart_deg=0.0))
+    registrar = Registrar(RegistrationConfig())
     src, tgt = registrar.prepare(seq[5].points), registrar.prepare(seq[0].points)
     return registrar, src, tgt, geometry.invert_transform(seq.poses[0]) @ seq.poses[5]
 
