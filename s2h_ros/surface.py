@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from s2h_ros.degeneracy import weakest_direction
 from s2h_ros.hash_grid import HashGrid
 
 # Neighbourhood of a normal for point-to-plane ICP: the 30 nearest voxels within this many voxel
@@ -200,7 +201,6 @@ def estimate_normals(xyz: np.ndarray, voxel: float, device: str | torch.device =
     return estimate_surface(xyz, voxel, device, planarity=False)[0]
 
 
-
 def _covariances(xyz: np.ndarray, radius: float, device: str | torch.device) -> np.ndarray:
     """``(M, 3, 3)`` float64 covariance of each voxel's neighbourhood (the ``NEIGHBOURS`` nearest
     within ``radius``): torch on a GPU device, Open3D on the CPU (the identity under 3 voxels)."""
@@ -249,14 +249,7 @@ def planar_surface(xyz: np.ndarray, normals: np.ndarray, planarity: np.ndarray, 
 
 def facing_area(xyz: np.ndarray, normals: np.ndarray, voxel: float) -> float:
     """m^2 of surface that ``(M, 3)`` voxels of size ``voxel`` with unit ``normals`` offer against
-    the weakest translation once rotation is free: the smallest eigenvalue of the translation's
-    Schur complement of the point-to-plane information ``sum J^T J``, ``J = [n, p x n]``, times
-    the voxel's area (one voxel of a plane facing a direction counts its area)."""
-    if len(xyz) < 7:
-        return 0.0
-    p = np.asarray(xyz, np.float64) - np.mean(xyz, axis=0)
-    n = np.asarray(normals, np.float64)
-    J = np.hstack([n, np.cross(p, n)])
-    A = J.T @ J
-    S = A[:3, :3] - A[:3, 3:] @ np.linalg.pinv(A[3:, 3:], rcond=1e-10, hermitian=True) @ A[3:, :3]
-    return float(max(np.linalg.eigvalsh((S + S.T) / 2)[0], 0.0)) * voxel ** 2
+    the weakest translation once rotation is free: the weakest constraint of point-to-plane
+    alignment against them (:func:`s2h_ros.degeneracy.weakest_direction`, per row) times their
+    number and the voxel's area (one voxel of a plane facing a direction counts its area)."""
+    return weakest_direction(xyz, normals).eigenvalue * len(xyz) * voxel ** 2
