@@ -80,7 +80,9 @@ def test_a_reproduction_whose_own_hypothesis_is_refused_tries_the_next_seed():
     slide, which its verification refuses as degenerate. That refusal is no evidence against the
     truth: the next seeds try, without the matches the refused slide explains, and one lands on
     the truth. With one seed the drive never tracked (scans 2-30 refused); with three it tracks
-    from scan 8 on, every trusted step within 0.1 m."""
+    from scan 8 on, every trusted step within 0.1 m. ICP against every voxel, as found: against the
+    planes (icp_min_planarity) these first weights track none of scans 0-14 here (none wrong); the
+    shipped weights 14 of 16 scans to 30 (15 against every voxel)."""
     from conftest import FIRST_WEIGHTS
 
     from s2h_ros import odometry
@@ -88,7 +90,7 @@ def test_a_reproduction_whose_own_hypothesis_is_refused_tries_the_next_seed():
     from s2h_ros.pipeline import Registrar
 
     seq = simulate_sequence(n_frames=40, seed=48, sensor="os1_64", family="highway")
-    registrar = Registrar(RegistrationConfig(weights=str(FIRST_WEIGHTS)))
+    registrar = Registrar(RegistrationConfig(weights=str(FIRST_WEIGHTS), icp_min_planarity=0.0))
     odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
     runs = []
     original = odo._ransac_again
@@ -358,7 +360,7 @@ def test_a_tracking_correction_that_icp_from_the_prediction_explains_alike_is_no
     from s2h_ros.datasets.synthetic import simulate_sequence
     from s2h_ros.pipeline import Registrar
 
-    config = RegistrationConfig(weights=str(FIRST_WEIGHTS))
+    config = RegistrationConfig(weights=str(FIRST_WEIGHTS), icp_min_planarity=0.0)  # as found (above)
     registrar = Registrar(config if slide_test else config.replace(weak_constraint=0.0, few_inliers_floor=0))
 
     seq = simulate_sequence(n_frames=40, seed=48, sensor="os1_64", family="highway")
@@ -408,7 +410,7 @@ def test_a_drive_replayed_twice_gives_the_same_steps():
     from s2h_ros.pipeline import Registrar
 
     seq = simulate_sequence(n_frames=40, seed=48, sensor="os1_64", family="highway")
-    registrar = Registrar(RegistrationConfig(weights=str(FIRST_WEIGHTS)))
+    registrar = Registrar(RegistrationConfig(weights=str(FIRST_WEIGHTS), icp_min_planarity=0.0))
     runs = []
     for _ in range(2):
         odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)

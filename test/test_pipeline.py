@@ -300,13 +300,16 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     ground only 0.38 of the voxels fit, the slide evidence, the repetition test, a rival heading.
     Without them the same search trusts the wrong pose. What comes back by default is where four
     hypotheses of three headings were moved together by the slide recovery, 3 cm from the truth,
-    still refused (``_agreed_move``); the tests on the zero-motion pose are checked without it."""
+    still refused (``_agreed_move``); the tests on the zero-motion pose are checked without it.
+    All with ICP against every voxel (``icp_min_planarity`` 0), as found; against the planes (the
+    default) the search's best has 26 inlier matches and is refused too."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
     from s2h_ros.pipeline import structure_fitness
 
     pair = list(turned_pairs(synthetic_pairs(8, 31, sensor="livox"), 0.0, 180.0, 31))[7]
-    default = Registrar(RegistrationConfig())
+    every_voxel = RegistrationConfig(icp_min_planarity=0.0)
+    default = Registrar(every_voxel)
     src, tgt = default.prepare(pair.source), default.prepare(pair.target)
     refused = default.register(src, tgt)
     assert not refused.success and refused.message.startswith("not trusted: 4 refused hypotheses at 3 headings")
@@ -315,7 +318,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     assert te < 0.1 and re < 1.0, (te, re)
     monkeypatch.setattr(pipeline, "AGREED_MOVES", 99)  # from here on the search's own best comes back
     assert default.register(src, tgt).message.startswith("not trusted: 17 inlier")
-    reg = Registrar(RegistrationConfig(min_inliers=10))
+    reg = Registrar(every_voxel.replace(min_inliers=10))
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert te > 10.0 and result.fitness >= 0.5  # wrong, and the overall fitness would pass
@@ -341,14 +344,15 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     # With the free-space test on, the copy still counts: at the truth the target saw the scan's
     # structure where it is, so the copy is not set aside (s2h_ros.pipeline.result_repetition).
     local = geometry.shift_transform(unchecked.transform, -src.origin, -tgt.origin)
-    copy = pipeline.result_repetition(src, tgt, local, RegistrationConfig())
-    assert copy.ratio >= RegistrationConfig().max_repetition and copy.set_aside == 0, copy
+    copy = pipeline.result_repetition(src, tgt, local, every_voxel)
+    assert copy.ratio >= every_voxel.max_repetition and copy.set_aside == 0, copy
     assert np.linalg.norm(unchecked.transform[:3, 3] + copy.shift - pair.T_gt[:3, 3]) < 1.0, copy.describe()
     assert alone.repetition.ratio > 2.0
     # The right transform explains the structures better than the ground-driven one does.
     local = lambda T: geometry.shift_transform(T, -src.origin, -tgt.origin)  # noqa: E731
     assert structure_fitness(src, tgt, local(pair.T_gt), reg.config) < 0.5  # an unregistrable pair (opposite views)
     assert structure_fitness(src, tgt, local(result.transform), reg.config) < 0.5
+    assert not Registrar(RegistrationConfig()).register(src, tgt).success  # against the planes
 
 
 def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted():
