@@ -180,12 +180,11 @@ def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device =
     radius = NORMAL_RADIUS_VOXELS * voxel
     if on_device(device):
         return normals_and_planarity(*local_covariances(xyz, radius, NEIGHBOURS, device))
-    cloud, search = _open3d_cloud(xyz), _open3d_search(radius)
     if normals and not planarity:
-        cloud.estimate_normals(search)
+        cloud = _open3d_cloud(xyz)
+        cloud.estimate_normals(_open3d_search(radius))
         return np.asarray(cloud.normals), None
-    cloud.estimate_covariances(search)  # both from one neighbour search
-    values, vectors = np.linalg.eigh(np.asarray(cloud.covariances))
+    values, vectors = np.linalg.eigh(_covariances(xyz, radius, device))  # both from one neighbour search
     unit = None
     if normals:
         unit = vectors[:, :, 0]
