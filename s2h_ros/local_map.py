@@ -100,12 +100,11 @@ class LocalMap:
     def _build(self, scans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
         xyz = geometry.voxel_mean(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in scans]),
                                   self.voxel, self.device)
-        normals, planarity = estimate_surface(xyz, self.normal_voxel, self.device,
-                                              planarity=self.icp.icp_min_planarity > 0)
+        surface = estimate_surface(xyz, self.normal_voxel, self.device)
         up = np.mean([pose[:3, 2] for _, pose in scans], axis=0)  # the sensors' z: their rings' axis
-        keep, planes = planar_surface(xyz, normals, planarity, self.normal_voxel, self.icp.icp_min_planarity,
+        keep, planes = planar_surface(xyz, surface, self.normal_voxel, self.icp.icp_min_planarity,
                                       up / np.linalg.norm(up), self.device)
-        return xyz, normals, IcpTarget(xyz[keep], planes)
+        return xyz, surface.normals, IcpTarget(xyz[keep], planes)
 
     def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float) -> Refinement:
         """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map. Used

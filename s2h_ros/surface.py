@@ -14,21 +14,26 @@ moved with the sensor (ICP from the truth walked 1.4 deg off on a handheld VLP-1
 test_icp.py). Lines get a second, wider look, lines along the rings' axis stay, and the rest is
 left out only where the planes alone hold the pose (``facing_area``).
 
-Two ways to compute it, the same numbers (test_surface.py, on the real KITTI scan):
+Two ways to find the neighbourhoods, the same numbers (test_surface.py, on the real KITTI scan);
+either way one search gives normals, planarity and the covariances that ``planar_surface`` reads
+again, and the eigen-decomposition is ``symmetric_eigen3`` in closed form on the covariances' device:
 
-- **CPU** (``device`` "cpu"): Open3D (``estimate_normals``, ``estimate_covariances``), the faster
-  there: 27 ms for a KITTI scan's 20k voxels on the 2-core VM, where the way below takes about 2.6 s
-  (its neighbour search ranks every voxel of 27 cells: work for a GPU, 12.9 ms on an H200 with the
-  eigen-solver, against 69 ms there for cKDTree's neighbours and torch's ``eigh`` on the CPU).
+- **CPU** (``device`` "cpu"): Open3D's ``estimate_covariances``, the faster there: 58-70 ms for a
+  KITTI scan's 20k voxels on the 2-core VM (beside another job), where the way below takes about
+  2.6 s (its neighbour search ranks every voxel of 27 cells: work for a GPU, 12.9 ms on an H200 with
+  the eigen-solver, against 69 ms there for cKDTree's neighbours and torch's ``eigh`` on the CPU).
+  The closed form took 15 ms for those 20k on one thread, numpy's ``eigh`` 31 ms. Normals alone
+  (a scan's tests ask only those) come from Open3D's ``estimate_normals`` (``estimate_normals``).
 - **GPU** (any other device): the neighbours from a hash grid (:mod:`s2h_ros.hash_grid`), the
-  covariances and their eigen-decomposition in closed form (``symmetric_eigen3``), all on the
-  device (``normals_and_planarity``). Open3D holds Python's global interpreter
+  covariances and their eigen-decomposition, all on the device. Open3D holds Python's global interpreter
   lock for the whole of each call (measured: a Python thread beside three normal estimations made
   no progress for their 2.4 s). On a GPU machine the odometry prepares the next scan, the new
   keyframe and the local map on helper threads while its worker drives the GPU; each Open3D call
   there would stall the worker. torch releases the lock.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -60,6 +65,10 @@ _CHUNK = 65_536
 # A cross product of two rows of ``A - l I`` (A scaled to entries <= 1) shorter than this: the rows
 # span a line or less, l is (nearly) a double eigenvalue and has no single eigenvector.
 RANK_TOLERANCE = 1e-12
+# Two eigenvalues closer than this times the largest tie (``surface_of``): the closed form's error near
+# a double root is about 1e-8 of it (1-2 voxel neighbourhoods of the real KITTI scan: at most 7e-9),
+# and the flattest neighbourhood of 3 or more voxels there has its middle one at 5e-5.
+TIE_TOLERANCE = 1e-6
 
 
 def on_device(device: str | torch.device) -> bool:
@@ -153,15 +162,27 @@ def _null_vector(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return vector, length > RANK_TOLERANCE
 
 
-def normals_and_planarity(covariances: torch.Tensor, counts: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``(M, 3)`` unit normals and ``(M,)`` planarity of the neighbourhoods of ``local_covariances``,
-    on the covariances' device (``symmetric_eigen3``)."""
+class Surface(NamedTuple):
+    """Each voxel's local surface (``estimate_surface``)."""
+
+    normals: np.ndarray  # (M, 3) float64 unit normals; (0, 0, 1) where the neighbourhood has none
+    planarity: np.ndarray  # (M,) float64 in [0, 1] (module text)
+    covariances: np.ndarray | None  # (M, 3, 3) float64 of the neighbourhoods, kept for planar_surface
+
+
+def surface_of(covariances: torch.Tensor) -> Surface:
+    """The normals and planarity of ``(M, 3, 3)`` float64 neighbourhood covariances (``symmetric_eigen3``
+    on their device), and the covariances on the CPU. A neighbourhood of fewer than 3 voxels has no
+    surface: its covariance is a point or a line (the torch path's) or the identity (Open3D's), two
+    eigenvalues that tie; normal (0, 0, 1) and planarity 0."""
     values, vectors = symmetric_eigen3(covariances)
-    none = counts < 3
-    normals = torch.where(none[:, None], torch.tensor([0.0, 0.0, 1.0], dtype=vectors.dtype, device=vectors.device), vectors)
-    planarity = _planarity(values.cpu().numpy())
-    planarity[none.cpu().numpy()] = 0.0
-    return normals.cpu().numpy(), planarity
+    values, vectors = values.cpu().numpy(), vectors.cpu().numpy()
+    spread = values[:, 2] * TIE_TOLERANCE
+    none = (values[:, 1] <= spread) | (values[:, 2] - values[:, 0] <= spread)
+    vectors[none] = (0.0, 0.0, 1.0)
+    planarity = _planarity(values)
+    planarity[none] = 0.0
+    return Surface(vectors, planarity, covariances.cpu().numpy())
 
 
 def _planarity(eigenvalues: np.ndarray) -> np.ndarray:
@@ -173,49 +194,39 @@ def _planarity(eigenvalues: np.ndarray) -> np.ndarray:
     return np.clip(np.nan_to_num(planarity, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
 
 
-def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu", normals: bool = True,
-                     planarity: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``(M, 3)`` float64 unit normals and ``(M,)`` planarity of ``(M, 3)`` voxels of size ``voxel``,
-    each when asked (None otherwise); on a GPU device both, from one neighbour search."""
-    radius = NORMAL_RADIUS_VOXELS * voxel
-    if on_device(device):
-        return normals_and_planarity(*local_covariances(xyz, radius, NEIGHBOURS, device))
-    if normals and not planarity:
-        cloud = _open3d_cloud(xyz)
-        cloud.estimate_normals(_open3d_search(radius))
-        return np.asarray(cloud.normals), None
-    values, vectors = np.linalg.eigh(_covariances(xyz, radius, device))  # both from one neighbour search
-    unit = None
-    if normals:
-        unit = vectors[:, :, 0]
-        # fewer than 3 voxels: Open3D's covariance is then the identity (all eigenvalues equal), or
-        # one of two voxels a line; no surface, the normal (0, 0, 1) (module text)
-        spread = values[:, 2] * RANK_TOLERANCE
-        unit[(values[:, 1] <= spread) | (values[:, 2] - values[:, 0] <= spread)] = (0.0, 0.0, 1.0)
-    return unit, _planarity(values)
+def estimate_surface(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu") -> Surface:
+    """The local surface of ``(M, 3)`` voxels of size ``voxel``: normals, planarity and the
+    neighbourhoods' covariances, from one neighbour search (module text)."""
+    return surface_of(torch.as_tensor(_covariances(xyz, NORMAL_RADIUS_VOXELS * voxel, device)))
 
 
 def estimate_normals(xyz: np.ndarray, voxel: float, device: str | torch.device = "cpu") -> np.ndarray:
-    """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels of size ``voxel`` (module text)."""
-    return estimate_surface(xyz, voxel, device, planarity=False)[0]
-
-
-def _covariances(xyz: np.ndarray, radius: float, device: str | torch.device) -> np.ndarray:
-    """``(M, 3, 3)`` float64 covariance of each voxel's neighbourhood (the ``NEIGHBOURS`` nearest
-    within ``radius``): torch on a GPU device, Open3D on the CPU (the identity under 3 voxels)."""
+    """``(M, 3)`` float64 unit normals of ``(M, 3)`` voxels of size ``voxel`` (module text): on the
+    CPU Open3D's ``estimate_normals``, the cheaper where planarity is not asked (55 against 81 ms for
+    the KITTI scan's 20k voxels on the 2-core VM)."""
     if on_device(device):
-        return local_covariances(xyz, radius, NEIGHBOURS, device)[0].cpu().numpy()
+        return estimate_surface(xyz, voxel, device).normals
+    cloud = _open3d_cloud(xyz)
+    cloud.estimate_normals(_open3d_search(NORMAL_RADIUS_VOXELS * voxel))
+    return np.asarray(cloud.normals)
+
+
+def _covariances(xyz: np.ndarray, radius: float, device: str | torch.device) -> torch.Tensor | np.ndarray:
+    """``(M, 3, 3)`` float64 covariance of each voxel's neighbourhood (the ``NEIGHBOURS`` nearest
+    within ``radius``): torch on a GPU device, Open3D's (numpy) on the CPU (the identity under 3 voxels)."""
+    if on_device(device):
+        return local_covariances(xyz, radius, NEIGHBOURS, device)[0]
     cloud = _open3d_cloud(xyz)
     cloud.estimate_covariances(_open3d_search(radius))
     return np.asarray(cloud.covariances)
 
 
-def planar_surface(xyz: np.ndarray, normals: np.ndarray, planarity: np.ndarray, voxel: float,
-                   min_planarity: float, axis: np.ndarray, device: str | torch.device = "cpu"
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def planar_surface(xyz: np.ndarray, surface: Surface, voxel: float, min_planarity: float, axis: np.ndarray,
+                   device: str | torch.device = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """The ``(M, 3)`` voxels that point-to-plane ICP aligns a scan to: ``(K,)`` int64 indices into
-    them and their ``(K, 3)`` float64 unit normals, from the voxels' ``normals`` and ``planarity``
-    (``estimate_surface`` at ``voxel``) and the ``(3,)`` axis the sensor's rings are drawn about.
+    them and their ``(K, 3)`` float64 unit normals, from their ``surface`` (``estimate_surface`` at
+    ``voxel``; its covariances are computed again when it has none) and the ``(3,)`` axis the
+    sensor's rings are drawn about.
 
     A voxel whose planarity reaches ``min_planarity`` keeps its normal. Below it the neighbourhood
     is a line. A sparse lidar's ring on the ground is one: its "normal" is any direction across the
@@ -227,19 +238,21 @@ def planar_surface(xyz: np.ndarray, normals: np.ndarray, planarity: np.ndarray, 
     lone ring, a rail across the axis) is left out, unless what remains would hold the
     translation less firmly than ``MIN_PLANAR_AREA`` in some direction (``facing_area``): then
     every voxel with its own normal. ``min_planarity`` 0: every voxel."""
-    given = np.asarray(normals, dtype=np.float64)
+    given = np.asarray(surface.normals, dtype=np.float64)
     if min_planarity <= 0:
         return np.arange(len(xyz)), given
     normals = given.copy()
-    keep = np.asarray(planarity) >= min_planarity
+    keep = np.asarray(surface.planarity) >= min_planarity
     line = np.flatnonzero(~keep)
     if len(line):
-        values, vectors = np.linalg.eigh(_covariances(xyz, WIDE_NEIGHBOURHOOD * NORMAL_RADIUS_VOXELS * voxel, device)[line])
-        wide = _planarity(values) >= min_planarity
-        normals[line[wide]] = vectors[wide, :, 0]
-        own = _covariances(xyz, NORMAL_RADIUS_VOXELS * voxel, device)[line]
+        wide = surface_of(torch.as_tensor(_covariances(xyz, WIDE_NEIGHBOURHOOD * NORMAL_RADIUS_VOXELS * voxel,
+                                                       device))[torch.as_tensor(line)])
+        planar = wide.planarity >= min_planarity
+        normals[line[planar]] = wide.normals[planar]
+        own = surface.covariances if surface.covariances is not None else estimate_surface(xyz, voxel, device).covariances
+        own = own[line]
         along = np.einsum("i,nij,j->n", axis, own, axis) / np.maximum(np.trace(own, axis1=1, axis2=2), 1e-12)
-        keep[line[wide | (along > 0.5)]] = True
+        keep[line[planar | (along > 0.5)]] = True
     picked = np.flatnonzero(keep)
     if facing_area(xyz[picked], normals[picked], voxel) < MIN_PLANAR_AREA:
         return np.arange(len(xyz)), given

@@ -22,5 +22,5 @@ def test_stages_bench_times_every_stage_on_two_raw_kitti_scans(tmp_path):
     assert all(cpu[s] > 0 for s in stages), cpu
     assert cpu["tracking_path"] == cpu["features"] + cpu["support_prior"] + cpu["match_prior"]
     assert cpu["global_path"] == cpu["features"] + cpu["match_global"]
-    assert set(result["cpu_only_stages_ms"]) == {"keyframe_normals", "icp", "verify"}
+    assert set(result["cpu_only_stages_ms"]) == {"keyframe_normals", "keyframe_surface", "icp", "verify"}
     assert all(v > 0 for v in result["cpu_only_stages_ms"].values())

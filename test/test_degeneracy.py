@@ -454,6 +454,25 @@ def test_a_refused_search_returns_a_move_only_where_several_hypotheses_landed_to
     assert registrar._agreed_move(best, [best] + turned) is best
 
 
+def test_a_refused_search_returns_where_more_headings_landed_than_beside_its_best(registrar):
+    """``_agreed_move`` without moves: where the hypotheses of more headings landed, unmoved, than
+    beside the best fitting one, that place comes back, refused; not when the best has as many
+    beside it, nor at zero motion (a sensor's rings on their twins), nor turned from the best."""
+    best = _refused(15.0, fitness=0.8)
+    landed = [_refused(4.0, heading=90.0), _refused(4.1, fitness=0.6, heading=180.0), _refused(4.05, heading=180.0)]
+    got = registrar._agreed_move(best, [best] + landed)
+    assert got is landed[1] and not got.success
+    assert got.message.startswith("not trusted: 3 refused hypotheses at 2 headings landed together")
+    assert "The search's best: refused at 15.0 m" in got.message
+    beside = [_refused(15.05, heading=45.0), _refused(15.1, heading=270.0)]
+    assert registrar._agreed_move(best, [best] + landed + beside[:1]) is best  # 2 headings each: the best stays
+    assert registrar._agreed_move(best, [best] + landed + beside) is best
+    at_zero = [_refused(0.05, heading=90.0), _refused(0.0, heading=180.0)]
+    assert registrar._agreed_move(best, [best] + at_zero) is best
+    turned = [_refused(4.0, 90.0, heading=90.0), _refused(4.1, 90.0, heading=180.0)]
+    assert registrar._agreed_move(best, [best] + turned) is best
+
+
 def test_a_sparse_highway_pair_returns_where_its_hypotheses_slides_landed(registrar):
     """Development VLP-16 highway pair (matrix base seed 1131, world 138, scans 22 -> 16, 12.7 m
     apart): the hypotheses of every heading land at zero motion, 12.7 m along the road from the
@@ -471,6 +490,25 @@ def test_a_sparse_highway_pair_returns_where_its_hypotheses_slides_landed(regist
     assert result.slid_m is not None and abs(result.slid_m) > 10.0
     assert result.message.startswith("not trusted: "), result.message
     assert result.num_candidates > 0 and result.weight_sum > 0  # the moved hypothesis's own match statistics
+
+
+def test_a_dense_highway_pair_returns_where_most_headings_landed(registrar):
+    """OS1-64 highway pair (matrix base seed 1156, world 518, scans 7 -> 12, 12.4 m apart, turned
+    131 deg; held out until it was studied here): the hypotheses of 8 headings land within 5 cm of
+    the truth, refused (too few inlier matches, degenerate along the road), while the one that fits
+    best lies 12.3 m along the road and its slide recovery's move has no second heading beside it.
+    The place where most headings landed is what comes back, still untrusted."""
+    from s2h_ros.evaluation.matrix import PairSettings, cell_pairs, matrix_cells
+
+    (cell,) = matrix_cells(1156, sensors="os1_64", families="highway", mixed=[], indoor_sensors=[], real=[])
+    (pair,) = [p for p in cell_pairs(cell, PairSettings(n=4)) if p.name.endswith("00007_00012")]
+    result = registrar.register(pair.source, pair.target)
+    re, te = geometry.transform_errors(result.transform, pair.T_gt)
+    assert not result.success
+    assert te < 0.1 and re < 0.5, (te, re, result.message)
+    assert "headings landed together, more than beside the best fitting one" in result.message, result.message
+    best = result.message.split("The search's best: ")[1]
+    assert "moved -12.3 m along it" in best, best
 
 
 def test_a_tilted_16_beam_slide_is_judged_along_the_ground_and_not_trusted(registrar):

@@ -465,7 +465,9 @@ def test_a_handheld_step_tracked_3_deg_off_is_refused_by_the_map_or_restarted_on
     voxel: at scan 50 tracking from a prediction that got the sway wrong was trusted 3.2 deg / 0.64 m
     off (fitness 0.44); the local map's refinement moved it to the truth (0.65 m / 3.2 deg, beyond
     the agreement tolerance). Without the tilt restarts that scan is not trusted, and no trusted step
-    of the walk is wrong; with them (tilt_restart_deg 2.5) the restart lands it within 0.6 deg of
+    of the walk is wrong (since the normals' eigenvectors come in closed form, 2026-12-01, the
+    earlier steps differ by up to 0.04 deg and that prediction is right: the step is trusted 0.07 deg
+    off); with them (tilt_restart_deg 2.5) the restart lands it within 0.6 deg of
     the truth, trusted. ICP against the target's planes (the defaults: icp_min_planarity 0.6,
     restarts off) tracks it within 0.1 deg, and every trusted step of the walk within 0.2 deg
     (measured 0.03 and 0.10)."""
@@ -483,9 +485,10 @@ def test_a_handheld_step_tracked_3_deg_off_is_refused_by_the_map_or_restarted_on
     for name, registrar in registrars.items():
         odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=registrar)
         steps = _track(odo, seq, frames, seq.stamps[frames])
-        if name == "unrestarted":
-            assert not steps[-1].success and "local map" in steps[-1].message and "disagree" in steps[-1].message, \
-                steps[-1].message
+        if name == "unrestarted" and steps[-1].success:  # tracked right: the sway guessed right this time
+            assert geometry.transform_errors(steps[-1].pose, gt[50])[0] < 0.6
+        elif name == "unrestarted":
+            assert "local map" in steps[-1].message and "disagree" in steps[-1].message, steps[-1].message
         elif name == "restarted":
             assert steps[-1].success and steps[-1].result.restarted_deg is not None, steps[-1].message
             assert geometry.transform_errors(steps[-1].pose, gt[50])[0] < 0.6

@@ -13,7 +13,7 @@ from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry, local_map, surface
 from s2h_ros.handover import in_background
-from s2h_ros.surface import NEIGHBOURS, NORMAL_RADIUS_VOXELS, local_covariances, normals_and_planarity
+from s2h_ros.surface import NEIGHBOURS, NORMAL_RADIUS_VOXELS, local_covariances, surface_of
 
 RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
 VOXEL = 0.3
@@ -47,8 +47,8 @@ def test_the_device_path_gives_open3d_normals_and_planarity(voxels):
     """The torch way (what a GPU device runs, here on the CPU) against the CPU's Open3D way, on the
     20k voxels of a real HDL-64E scan, including the neighbourhoods of fewer than 3 voxels."""
     covariances, counts = local_covariances(voxels, NORMAL_RADIUS_VOXELS * VOXEL, NEIGHBOURS, "cpu")
-    normals, planarity = normals_and_planarity(covariances, counts)
-    reference, reference_planarity = surface.estimate_surface(voxels, VOXEL, "cpu")
+    normals, planarity, _ = surface_of(covariances)
+    reference, reference_planarity, _ = surface.estimate_surface(voxels, VOXEL, "cpu")
     assert (counts.numpy() < 3).sum() > 10  # isolated voxels occur and are compared too
     np.testing.assert_allclose(np.linalg.norm(normals, axis=1), 1.0, atol=1e-9)
     angle = np.degrees(np.arccos(np.clip(np.abs(np.sum(normals * reference, axis=1)), 0.0, 1.0)))
@@ -155,17 +155,18 @@ def test_icp_targets_give_a_sparse_lidars_ground_rings_the_grounds_normal():
     xyz = simulate_sequence(n_frames=1, seed=873, sensor="vlp16", family="town")[0].points[:, :3].astype(np.float64)
     xyz = xyz[geometry.voxel_downsample(xyz, VOXEL)]
     ground = np.abs(xyz[:, 2] - np.percentile(xyz[:, 2], 5)) < 0.15
-    normals, planarity = surface.estimate_surface(xyz, VOXEL)
+    found = surface.estimate_surface(xyz, VOXEL)
+    normals, planarity = found.normals, found.planarity
     tilted = lambda n: np.mean(np.abs(n[:, 2]) < np.cos(np.radians(8.0)))  # noqa: E731
     before = tilted(normals[ground])
     assert before > 0.2
-    keep, planes = surface.planar_surface(xyz, normals, planarity, VOXEL, 0.6, Z)
+    keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, Z)
     kept = np.zeros(len(xyz), bool)
     kept[keep] = True
     assert tilted(planes[ground[keep]]) < 0.5 * before and kept[ground].mean() > 0.25 and 0.2 < kept.mean() < 0.9
     own = planarity[keep] >= 0.6
     assert np.array_equal(planes[own], normals[keep][own])
-    every, same = surface.planar_surface(xyz, normals, planarity, VOXEL, 0.0, Z)
+    every, same = surface.planar_surface(xyz, found, VOXEL, 0.0, Z)
     assert np.array_equal(every, np.arange(len(xyz))) and np.array_equal(same, normals)
 
 
@@ -182,8 +183,9 @@ def test_icp_targets_keep_lines_along_the_rings_axis_and_leave_lines_across_it_o
     for tilt in (0.0, 25.0):
         turn = geometry.make_transform(Rotation.from_euler("x", tilt, degrees=True).as_matrix(), np.zeros(3))
         xyz = geometry.apply_transform(turn, np.concatenate([pole, rail, wall]))
-        normals, planarity = surface.estimate_surface(xyz, VOXEL)
-        keep, planes = surface.planar_surface(xyz, normals, planarity, VOXEL, 0.6, turn[:3, 2])
+        found = surface.estimate_surface(xyz, VOXEL)
+        normals, planarity = found.normals, found.planarity
+        keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, turn[:3, 2])
         kept = np.zeros(len(xyz), bool)
         kept[keep] = True
         assert kept[:len(pole)].all() and not kept[len(pole):len(pole) + len(rail)].any()
@@ -192,8 +194,9 @@ def test_icp_targets_keep_lines_along_the_rings_axis_and_leave_lines_across_it_o
 
 def test_icp_targets_keep_every_voxel_when_almost_nothing_is_planar():
     xyz = np.c_[np.arange(0, 30, VOXEL), np.zeros(100), np.zeros(100)]  # one straight line
-    normals, planarity = surface.estimate_surface(xyz, VOXEL)
-    keep, planes = surface.planar_surface(xyz, normals, planarity, VOXEL, 0.6, Z)
+    found = surface.estimate_surface(xyz, VOXEL)
+    normals, planarity = found.normals, found.planarity
+    keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, Z)
     assert np.array_equal(keep, np.arange(len(xyz))) and np.array_equal(planes, normals)
 
 
@@ -206,8 +209,31 @@ def test_icp_targets_keep_every_voxel_where_the_planes_alone_would_let_the_scan_
     floor = np.c_[fx, fy, np.zeros_like(fx)]
     rails = np.c_[np.full(14, 10.0), np.arange(-2, 2, VOXEL), np.full(14, 2.5)]
     xyz = np.concatenate([walls, floor, rails])
-    normals, planarity = surface.estimate_surface(xyz, VOXEL)
+    found = surface.estimate_surface(xyz, VOXEL)
+    normals, planarity = found.normals, found.planarity
     planar = planarity >= 0.6
     assert surface.facing_area(xyz[planar], normals[planar], VOXEL) < 0.1 < surface.facing_area(xyz, normals, VOXEL)
-    keep, planes = surface.planar_surface(xyz, normals, planarity, VOXEL, 0.6, Z)
+    keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, Z)
     assert np.array_equal(keep, np.arange(len(xyz))) and np.array_equal(planes, normals)
+
+
+def test_a_clouds_icp_target_reads_the_covariances_of_its_normals_and_keeps_them_no_longer(voxels):
+    """``PreparedCloud``: normals, planarity and the ICP target of the real KITTI scan come from one
+    surface whose covariances ``planar_surface`` reads again instead of searching the neighbourhoods
+    twice; they are dropped with the target made (72 bytes a voxel on every keyframe), and a target
+    for another ``icp_min_planarity`` searches them again, to the same voxels as from scratch."""
+    from s2h_ros.config import RegistrationConfig
+    from s2h_ros.pipeline import PreparedCloud
+
+    xyz = voxels.astype(np.float32)
+    cloud = PreparedCloud(xyz=xyz, features=None, num_input_points=len(xyz), feature_kind="fpfh")
+    found = cloud.surface(VOXEL)
+    assert found.covariances.shape == (len(xyz), 3, 3) and cloud.planarity(VOXEL) is found.planarity
+    assert cloud.normals(VOXEL) is found.normals
+    target = cloud.icp_target(RegistrationConfig(icp_min_planarity=0.6))
+    assert cloud.surface(VOXEL).covariances is None and cloud.surface(VOXEL).normals is found.normals
+    keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, cloud.pattern_axis())
+    assert 0.2 < len(keep) / len(xyz) < 0.9 and np.array_equal(target.xyz, xyz[keep])
+    again = cloud.icp_target(RegistrationConfig(icp_min_planarity=0.5))
+    keep_again, _ = surface.planar_surface(xyz, found._replace(covariances=None), VOXEL, 0.5, cloud.pattern_axis())
+    assert np.array_equal(again.xyz, xyz[keep_again]) and len(keep_again) > len(keep)

@@ -120,7 +120,7 @@ def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | N
     from s2h_ros.config import RegistrationConfig
     from s2h_ros.pipeline import Registrar, match_features, ransac_on_correspondences, \
         refine_icp, verify
-    from s2h_ros.surface import estimate_normals
+    from s2h_ros.surface import estimate_normals, estimate_surface, planar_surface
 
     cfg = RegistrationConfig(voxel_size=voxel, features="fcgf")
     reg = Registrar(cfg)
@@ -129,10 +129,16 @@ def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | N
         src, tgt = reg.prepare(scans[i + 1]), reg.prepare(scans[i])
         pairs, _, _ = match_features(src.features, tgt.features, cfg, "fcgf")
         T = ransac_on_correspondences(src.xyz, tgt.xyz, pairs, cfg)
-        normals = estimate_normals(tgt.xyz, voxel)
+        target, axis = tgt.icp_target(cfg), tgt.pattern_axis()
+
+        def keyframe_surface() -> None:  # what a new keyframe computes for its ICP target
+            planar_surface(tgt.xyz, estimate_surface(tgt.xyz, voxel), voxel, cfg.icp_min_planarity, axis)
+
         rows.append({
             "keyframe_normals": _median_ms(lambda: estimate_normals(tgt.xyz, voxel), torch.device("cpu"), repeats),
-            "icp": _median_ms(lambda: refine_icp(src.xyz, tgt.xyz, T, cfg, normals), torch.device("cpu"), repeats),
+            "keyframe_surface": _median_ms(keyframe_surface, torch.device("cpu"), repeats),
+            "icp": _median_ms(lambda: refine_icp(src.xyz, target.xyz, T, cfg, target.normals), torch.device("cpu"),
+                              repeats),
             "verify": _median_ms(lambda: verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance, tgt.spatial_index()),
                                  torch.device("cpu"), repeats),
         })
