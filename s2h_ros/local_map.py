@@ -97,7 +97,7 @@ class LocalMap:
             self._map = building.result() if building is not None else self._build(list(self._scans))
         return self._map
 
-    def _build(self, scans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    def _build(self, scans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, IcpTarget]:
         xyz = geometry.voxel_mean(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in scans]),
                                   self.voxel, self.device)
         surface = estimate_surface(xyz, self.normal_voxel, self.device)

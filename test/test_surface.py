@@ -184,7 +184,7 @@ def test_icp_targets_keep_lines_along_the_rings_axis_and_leave_lines_across_it_o
         turn = geometry.make_transform(Rotation.from_euler("x", tilt, degrees=True).as_matrix(), np.zeros(3))
         xyz = geometry.apply_transform(turn, np.concatenate([pole, rail, wall]))
         found = surface.estimate_surface(xyz, VOXEL)
-        normals, planarity = found.normals, found.planarity
+        normals = found.normals
         keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, turn[:3, 2])
         kept = np.zeros(len(xyz), bool)
         kept[keep] = True
@@ -195,7 +195,7 @@ def test_icp_targets_keep_lines_along_the_rings_axis_and_leave_lines_across_it_o
 def test_icp_targets_keep_every_voxel_when_almost_nothing_is_planar():
     xyz = np.c_[np.arange(0, 30, VOXEL), np.zeros(100), np.zeros(100)]  # one straight line
     found = surface.estimate_surface(xyz, VOXEL)
-    normals, planarity = found.normals, found.planarity
+    normals = found.normals
     keep, planes = surface.planar_surface(xyz, found, VOXEL, 0.6, Z)
     assert np.array_equal(keep, np.arange(len(xyz))) and np.array_equal(planes, normals)
 
