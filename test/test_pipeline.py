@@ -361,7 +361,9 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
     the guardrails lie on their twins. Fitness 0.80, 0.87 of the voxels off the ground fit, the
     weakest constraint (0.0078) is in the grey zone but the slide test finds no clearly better
     position, the repetition test no copy. What refuses it: a global search's result at zero
-    motion in the grey zone is not trusted; without the grey zone it is trusted."""
+    motion in the grey zone is not trusted; without the grey zone it is trusted. What comes back by
+    default is where hypotheses of two headings landed (``_agreed_move``), 1.8 m from the truth,
+    refused; the zero-motion pose is checked without it."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
     from s2h_ros.pipeline import structure_fitness
@@ -369,7 +371,13 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
     pair = turned_pair(synthetic_pairs(10, 204, sensor="vlp16", family="highway")[2], -104.6)
     reg = Registrar(RegistrationConfig())
     src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
-    result = reg.register(src, tgt)
+    returned = reg.register(src, tgt)
+    assert not returned.success and "headings landed together, more than beside the best fitting one" \
+        in returned.message and "The search's best: not trusted: zero motion" in returned.message, returned.message
+    assert 1.0 < geometry.transform_errors(returned.transform, pair.T_gt)[1] < 3.0  # closer, not right
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "AGREED_MOVES", 99)  # the search's own best, the zero-motion pose
+        result = reg.register(src, tgt)
     assert geometry.transform_errors(result.transform, pair.T_gt)[1] > 10.0  # wrong by the whole distance
     assert np.linalg.norm(result.transform[:3, 3]) < reg.config.inlier_distance  # at zero motion
     assert not result.success and result.message.startswith("not trusted: zero motion") \
@@ -450,17 +458,26 @@ def test_a_highway_pair_turned_around_is_not_trusted_beside_the_right_heading():
     180 deg / 27 m off) passes every test; beside a rival with twice its matches it is not
     trusted. With the rival test off the wrong pose is trusted. (With ``slide_recovery``, the
     default, the right heading is moved 0.3 m along the road to where its poles fit and trusted
-    there, so the turned one never stands.)"""
+    there, so the turned one never stands.) All with ICP against every voxel (``icp_min_planarity``
+    0), as found; against the planes (the default) the right heading's ICP lands 3 cm from the
+    truth, where the slide test passes it unmoved (since the target's normals come with its
+    planarity from one search, 2026-12-01; before, it too landed 0.3 m along the road)."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
 
     pair = turned_pair(synthetic_pairs(10, 385, sensor="hdl32", family="highway")[7], 9.9)
-    recovered = Registrar(RegistrationConfig())
+    planes = Registrar(RegistrationConfig())
+    default = planes.register(pair.source, pair.target)
+    re, te = geometry.transform_errors(default.transform, pair.T_gt)
+    assert default.success and default.slid_m is None and re < 0.5 and te < 0.1, (default.message, re, te)
+    every_voxel = RegistrationConfig(icp_min_planarity=0.0)
+    recovered = Registrar(every_voxel)
+    recovered._models = planes._load_models()
     src, tgt = recovered.prepare(pair.source), recovered.prepare(pair.target)
     right = recovered.register(src, tgt)
     re, te = geometry.transform_errors(right.transform, pair.T_gt)
     assert right.success and right.slid_m is not None and re < 1.0 and te < 0.5, (right.message, re, te)
-    reg = Registrar(RegistrationConfig(slide_recovery=False))
+    reg = Registrar(every_voxel.replace(slide_recovery=False))
     reg._models = recovered._load_models()
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
