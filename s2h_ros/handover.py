@@ -163,9 +163,14 @@ class Handover:
 
 
 def in_background(fn: Callable[..., Any], *args: Any, name: str = "background") -> Future:
-    """``fn(*args)`` started now on a daemon thread; the future's ``result()`` waits for it and
+    """``fn(*args)`` started now on a helper thread; the future's ``result()`` waits for it and
     returns its value or raises its exception (the odometry's keyframe and local-map work, started
-    when a keyframe is made and waited for where the next scans need it)."""
+    when a keyframe is made and waited for where the next scans need it).
+
+    The thread is not a daemon: a process that ends while it runs waits for it (a keyframe's work,
+    well under a second). A daemon thread inside Open3D when the interpreter shuts down is torn down
+    in C++ code and aborts the process ("terminate called without an active exception", exit status
+    134: measured with a local map built as the process ended)."""
     future: Future = Future()
 
     def run() -> None:
@@ -175,5 +180,5 @@ def in_background(fn: Callable[..., Any], *args: Any, name: str = "background") 
             except BaseException as exc:  # handed to whoever waits for the result
                 future.set_exception(exc)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=False).start()
     return future

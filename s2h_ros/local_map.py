@@ -8,9 +8,10 @@ The fine refinement then aligns the scan, downsampled at ``map_voxel``, with a l
 (:func:`s2h_ros.geometry.voxel_mean`), their normals computed once per change of keyframes. The
 alignment is the pipeline's robust point-to-plane ICP (:func:`s2h_ros.pipeline.refine_icp`) at the
 map's voxel size. A new keyframe's map is built on a helper thread from the moment the keyframe
-is added with a GPU device, and the next refinement waits for it: the same map as built in line,
-off the path of the scans (on a GPU machine the rebuild cost 70 ms of the next step). On the CPU,
-where Open3D's normals hold the interpreter lock (s2h_ros.surface), it is built when first asked.
+is added, and the next refinement waits for it: the same map as built in line, off the path of
+the scans (on a GPU machine the rebuild cost 70 ms of the next step; on a 2-core CPU about 200 ms
+of a 64-beam map, where Open3D's neighbour searches, about two thirds of it, hold the interpreter
+lock and stall the worker while they run: s2h_ros.surface).
 
 Measured on a held-out VLP-32 drive (world seed 13; maps of five keyframes at ground-truth poses,
 starts 5 cm / 0.3 deg off; docs/performance.md): the registration's one-keyframe ICP ends 0.8 cm /
@@ -35,7 +36,7 @@ from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.handover import in_background
 from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, refine_icp
-from s2h_ros.surface import estimate_surface, on_device, planar_surface
+from s2h_ros.surface import estimate_surface, planar_surface
 
 
 class LocalMap:
@@ -76,13 +77,11 @@ class LocalMap:
         return geometry.voxel_mean(checked.xyz.astype(np.float64) + checked.origin, self.voxel, self.device)
 
     def add(self, scan: np.ndarray, pose: np.ndarray) -> None:
-        """A keyframe's ``scan`` (from ``scan``) at its ``(4, 4)`` pose; the oldest drops out. With a
-        GPU device the new map is built from now on a helper thread, and ``points`` waits for it."""
+        """A keyframe's ``scan`` (from ``scan``) at its ``(4, 4)`` pose; the oldest drops out. The new
+        map is built from now on a helper thread, and ``points`` waits for it."""
         self._scans.append((scan, np.asarray(pose, dtype=np.float64)))
         self._map = None
-        self._building = None
-        if on_device(self.device):  # on the CPU Open3D's normals hold the interpreter lock: built when asked
-            self._building = in_background(self._build, list(self._scans), name="local map")
+        self._building = in_background(self._build, list(self._scans), name="local map")
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The map: ``(P, 3)`` points in the odometry frame, downsampled at ``voxel``, and their

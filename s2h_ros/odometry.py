@@ -75,8 +75,10 @@ Each scan goes through these stages:
    the keyframe disagree about the scan: it is not trusted (``_map_refined``).
 7. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops. What
    the next scans need of it (k-d tree, normals, planarity; the local map with it) is computed from
-   then on helper threads with a GPU device, and a step waits only for what is not ready when it
-   asks (in line on the CPU: s2h_ros.surface says why).
+   then on helper threads, and a step waits only for what is not ready when it asks. On the CPU
+   Open3D computes most of it and holds the interpreter lock while it does (s2h_ros.surface), so
+   the worker stalls for those calls, but not for the rest, and the step after a keyframe no
+   longer does it all itself (docs/performance.md: its p95 halved on a 2-core VM).
 
 A failed scan yields no pose: callers (the ROS node, replay evaluation) publish nothing they
 cannot trust.
@@ -100,7 +102,6 @@ from s2h_ros.local_map import LocalMap
 from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist
 from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
                               RegistrationResult, agree, check_cloud, ransac_on_correspondences)
-from s2h_ros.surface import on_device
 
 # A trusted tracking result that corrects the prediction by more than AGREE_* but less than this
 # rotation (and less than prior_radius) stands when ICP from the prediction lands on it as well.
@@ -801,11 +802,9 @@ class KeyframeOdometry:
                       covariance: np.ndarray) -> None:
         self.keyframe_id += 1
         self.keyframes.append(Keyframe(prepared, pose, stamp, self.keyframe_id, covariance, self._undeskewed))
-        # The next scans register against it: on a GPU device its k-d tree, normals and planarity
-        # from now, on a helper thread (the next step waits for what is still being computed when it
-        # asks). On the CPU Open3D computes them, holding the interpreter lock: in line, when asked.
-        if on_device(self.registrar.config.device):
-            in_background(prepared.warm, self.registrar.config, name="keyframe")
+        # The next scans register against it: its k-d tree, normals and planarity from now, on a
+        # helper thread (the next step waits for what is still being computed when it asks).
+        in_background(prepared.warm, self.registrar.config, name="keyframe")
         if self.local_map is not None:
             self.local_map.add(scan, pose)
 
@@ -831,8 +830,7 @@ class KeyframeOdometry:
         if again.error:
             return
         seed.cloud = again.cloud
-        if on_device(self.registrar.config.device):
-            in_background(again.cloud.warm, self.registrar.config, name="keyframe")
+        in_background(again.cloud.warm, self.registrar.config, name="keyframe")
         if self.local_map is not None:
             self.local_map.clear()
             self.local_map.add(again.map_scan, seed.pose)
