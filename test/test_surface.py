@@ -113,7 +113,8 @@ def _started_threads(monkeypatch) -> list[str]:
 
 def test_the_local_map_built_on_a_helper_thread_is_the_one_built_in_line(raw_scan, monkeypatch):
     """The map of a new keyframe is built on a helper thread from ``add`` on; the refinement waits
-    for it and gets the map that the same keyframes give built in line, bit for bit."""
+    for it and gets the map that the same keyframes give built in line, bit for bit. The GPU
+    path's surface (torch, forced here on the CPU) gives the same points and normals."""
     second = np.fromfile(RAW_KITTI / "000001.bin", np.float32).reshape(-1, 3)
     pose = geometry.make_transform(np.eye(3), np.array([0.8, 0.0, 0.0]))
 
@@ -131,6 +132,12 @@ def test_the_local_map_built_on_a_helper_thread_is_the_one_built_in_line(raw_sca
     assert started.count("local map") == 2  # none more
     np.testing.assert_array_equal(xyz_thread, xyz_line)
     np.testing.assert_array_equal(normals_thread, normals_line)
+    monkeypatch.setattr(surface, "on_device", lambda device: True)  # the torch path
+    xyz_device, normals_device = built()
+    np.testing.assert_array_equal(_sorted(xyz_device), _sorted(xyz_line))
+    order_device, order_line = np.lexsort(xyz_device.T), np.lexsort(xyz_line.T)
+    dots = np.abs(np.sum(normals_device[order_device] * normals_line[order_line], axis=1))
+    assert np.percentile(dots, 0.1) > 1 - 1e-6
 
 
 def test_the_odometry_with_keyframes_prepared_on_helper_threads_gives_the_poses_it_gives_in_line(vlp16_drive, monkeypatch):
