@@ -41,6 +41,7 @@ gridding, the peak rule and the weighting, which no library offers for this ques
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,7 +54,8 @@ from s2h_ros.config import cpu_workers
 class Repetition:
     """The strongest shifted copy of a result (see the module text)."""
 
-    ratio: float  # weighted fit of the copy / at the result: 0 when no copy counts, about 1 or more when it fits as well
+    ratio: float  # weighted fit of the copy / at the result: 0 when no copy counts, about 1 or more when it fits
+    # as well, infinite when the copy lands structure along its shift and the result none
     shift: np.ndarray  # (3,) float64 metres, d* in the target frame (zeros when no peak); horizontal in the
     # frame the test ran in (the target's own, or its levelled one: s2h_ros.pipeline.result_repetition)
     fit: float  # C(0) / N: off-ground points within about one cell at the result
@@ -64,9 +66,11 @@ class Repetition:
 
     def refusal(self, max_repetition: float) -> str:
         """Why a result whose copy fits as well (``ratio >= max_repetition``) is not trusted."""
+        how = (f"{self.ratio:.2f} times as well as where it is" if math.isfinite(self.ratio) else
+               "where nothing off the ground holds it along the shift as it is")
         return (f"ambiguous: shifted by {self.describe()} the result fits the structure off the ground "
-                f"{self.ratio:.2f} times as well as where it is (max {max_repetition:.2f}): the scene repeats "
-                f"(rack bays, colonnades) or the result slid along it")
+                f"{how} (max {max_repetition:.2f}): the scene repeats (rack bays, colonnades) or the result "
+                f"slid along it")
 
     def to_dict(self) -> dict:
         return {"ratio": self.ratio, "shift_m": self.shift.tolist(), "fit": self.fit, "set_aside": self.set_aside}
@@ -150,12 +154,16 @@ def directional_ratio(aligned: np.ndarray, normals: np.ndarray, fits: np.ndarray
     points, each weighted by ``(n . d)^2`` (its normal ``n`` against the shift's direction ``d``:
     a wall along the shift fits whatever the shift and counts 0), the weight within ``distance`` of
     the target (its cKDTree ``tree``) after the shift, over the weight of the points that fit at the
-    result (``fits``, ``(N,)`` bool)."""
+    result (``fits``, ``(N,)`` bool). Infinite where the copy lands constraining structure and the
+    result none (nothing at the result holds it along ``d``, so the copy is the better supported);
+    0 where neither does (no copy to speak of: the degeneracy test judges a direction nothing holds)."""
     direction = np.append(shift / np.linalg.norm(shift), 0.0)
     weight = (normals @ direction) ** 2
     there = tree.query(aligned + np.append(shift, 0.0), distance_upper_bound=distance)[0] < distance
-    base = float(weight[fits].sum())
-    return float(weight[there].sum()) / base if base > 0 else 0.0
+    base, shifted = float(weight[fits].sum()), float(weight[there].sum())
+    if base > 0:
+        return shifted / base
+    return math.inf if shifted > 0 else 0.0
 
 
 # The correlation map's highest peaks that are settled and weighed by direction, on at most

@@ -106,6 +106,24 @@ def test_a_wall_along_the_shift_fits_any_shift_but_counts_for_nothing():
     assert rep.ratio < 0.7, rep
 
 
+def test_a_copy_that_lands_structure_where_the_result_lands_none_is_infinitely_better():
+    """The source's posts land nowhere at the result; 3 m along x they land on the target's posts.
+    At the result nothing holds the source along x and the copy something: the ratio is infinite,
+    not 0 (which would call the result unrivalled), and the refusal says why in words. Where the
+    copy lands nothing either, there is no copy (0)."""
+    rng = np.random.default_rng(5)
+    target, _ = _posts([3.0, 6.5], 3.0, rng)
+    aligned, normals = _posts([0.0, 3.5], 3.0, rng)
+    aligned[:, 2] += 0.02  # the source's own samples: none coincides with a target point
+    rep = repetition(aligned, normals, target, 0.1, 0.5, 5.0)
+    np.testing.assert_allclose(rep.shift, [3.0, 0.0, 0.0], atol=0.11)
+    assert rep.ratio == np.inf and rep.fit < 1e-6, rep
+    assert "nothing off the ground holds it along the shift" in rep.refusal(MAX_REPETITION)
+    assert rep.to_dict()["ratio"] == np.inf  # strict JSON writers turn it into null (s2h_ros.outputs)
+    alone = repetition(aligned, normals, _posts([-30.0], 3.0, rng)[0], 0.1, 0.5, 5.0)
+    assert alone.ratio == 0.0 and not alone.shift.any()
+
+
 def test_the_copy_is_found_in_the_direction_it_lies():
     """A source that fits only part of the target (two of its three posts) with the third post
     2 m further along +y: the copy that lands it is found at (0, +2) and fits better than the result
