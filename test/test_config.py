@@ -77,7 +77,8 @@ def test_parameter_files_give_the_settings_the_node_runs_with(tmp_path):
     assert (reg.voxel_size, reg.inlier_distance, reg.prior_radius, odo.keyframe_distance) == (0.05, 0.1, 0.25, 1.0)
     assert reg.min_fitness == RegistrationConfig().min_fitness  # untouched keys keep the defaults
     reg, odo = configs_from_params_files([base, config_dir() / "cpu.yaml"])
-    assert reg == RegistrationConfig(max_points=8000, prior_max_points=4000) and odo == OdometryConfig()  # the CPU profile: fewer voxels only
+    assert reg == RegistrationConfig(max_points=8000, prior_max_points=4000)  # the CPU profile: fewer voxels
+    assert odo == OdometryConfig(keyframe_distance=10.0)  # and keyframes further apart
     later = tmp_path / "later.yaml"
     later.write_text("registration_node:\n  ros__parameters:\n    registration:\n      voxel_size: 0.2\n")
     assert configs_from_params_files([config_dir() / "depth_camera.yaml", later])[0].voxel_size == 0.2
