@@ -35,6 +35,9 @@ def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, ah
     tracked = [s for s in result["steps"] if s["search"] == "prior"]
     assert tracked and all(s["stages"]["support"] > 0 and s["stages"]["refine"] > 0 for s in tracked)
     assert result["prepare_ahead"] is ahead
+    # each step says in words what the odometry did (why, when a scan is not trusted)
+    assert result["steps"][0]["message"] == "keyframe initialised"
+    assert all(isinstance(s["message"], str) and (s["trusted"] or s["message"]) for s in result["steps"])
 
 
 def test_a_stream_faster_than_the_odometry_drops_scans_and_answers_the_newest(vlp16_drive, tmp_path):

@@ -13,7 +13,7 @@ odometry is free (one scan at a time: the same run's baseline).
 Reported: processed rate, scans dropped, latency from a scan being offered to its pose (p50 / p95 /
 max), the worker's step time, the mean time per stage and scan (``OdometryStep.timings``: the
 scan's voxelisation and features, the registration's stages, the local map's refinement, and the
-rest), trusted fraction and
+rest), each step's search, event and message (why a scan was not trusted), trusted fraction and
 events, ATE and KITTI drift of the trusted poses against ground truth (only the scans processed;
 ``s2h bench replay`` holds the last pose for dropped scans instead) and within each segment
 (``metrics_by_segment``: after a lost track the poses go on from the last trusted one, the motion
@@ -170,7 +170,7 @@ def _step_record(step, index: int, arrival: float, started: float, finished: flo
     stages["rest"] = stages.get("rest", 0.0) + max(0.0, step_ms + ahead_ms - sum(stages.values()))
     return {"index": index, "arrival_s": arrival, "latency_ms": 1e3 * (finished - arrival), "step_ms": step_ms,
             "trusted": bool(step.success), "deskewed": bool(step.deskewed), "event": step.event,
-            "new_keyframe": bool(step.new_keyframe),
+            "message": step.message, "new_keyframe": bool(step.new_keyframe),
             "search": step.result.search if step.result is not None else None, "segment": step.segment,
             "pose": None if step.pose is None else np.asarray(step.pose).tolist(), "stages": stages}
 
