@@ -67,7 +67,7 @@ class Repetition:
     def refusal(self, max_repetition: float) -> str:
         """Why a result whose copy fits as well (``ratio >= max_repetition``) is not trusted."""
         how = (f"{self.ratio:.2f} times as well as where it is" if math.isfinite(self.ratio) else
-               "where nothing off the ground holds it along the shift as it is")
+               "better than where it is, where nothing off the ground holds it along the shift")
         return (f"ambiguous: shifted by {self.describe()} the result fits the structure off the ground "
                 f"{how} (max {max_repetition:.2f}): the scene repeats (rack bays, colonnades) or the result "
                 f"slid along it")
