@@ -5,9 +5,10 @@ Each scan goes through these stages:
 1. **Stamp**: a stamp not after the last one is refused; one more than ``max_gap`` earlier (a
    looping bag) resets the odometry (event ``time_reset``, a new segment).
 2. **Tracking** while the prior is trusted (a successful scan less than a gap ago and
-   ``tracking``): S2H candidates around each voxel's position predicted by the constant-velocity
-   prior (``Registrar.register(search="prior")``; ``s2h_ros.motion_prior``: its turn rate is
-   carried for at most ``max_gap`` seconds, since a turn ends). A result that confirms the prediction (within
+   ``tracking``): S2H candidates around each voxel's position predicted by the motion prior
+   (``Registrar.register(search="prior")``; ``s2h_ros.motion_prior``: the last velocity, its speed
+   changing as over the last ``speed_change_window`` seconds and its turn rate kept, each for at
+   most ``max_gap`` seconds, since a manoeuvre ends). A result that confirms the prediction (within
    ``agree_distance``, by default half the inlier distance, and 2 deg) is taken as it is; one that corrects it by what the prior's
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
@@ -99,7 +100,7 @@ from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.deskew import DeskewError, deskew
 from s2h_ros.handover import in_background
 from s2h_ros.local_map import LocalMap
-from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist
+from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist, speed_change
 from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
                               RegistrationResult, agree, check_cloud, ransac_on_correspondences)
 
@@ -108,6 +109,8 @@ from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Reg
 TRACKING_CORRECTION_DEG = 10.0
 # Stamp differences the typical scan interval (a gap's unit) is the median of.
 RECENT_INTERVALS = 10
+# Speeds kept of the last trusted intervals (``speed_change_window`` picks the recent ones).
+SPEED_SAMPLES = 50
 # Stamps kept of the scans a streaming caller received (``heard``): 100 s of a 10 Hz sensor.
 HEARD_STAMPS = 1000
 # RANSAC runs (seeds after the configured one) that may try to reproduce a global result; a run
@@ -228,12 +231,14 @@ class KeyframeOdometry:
         self.last_pose: np.ndarray | None = None
         self.last_stamp: float | None = stamp
         self.last_cov = np.zeros((6, 6))
-        # Constant-velocity prior: body-frame twist per second [v, w], so the prediction stays
+        # Motion prior: body-frame twist per second [v, w], so the prediction stays
         # right when scans were dropped or arrive at an uneven rate; known after one registration.
         self.twist = np.zeros(6)
         self.twist_cov = np.zeros((6, 6))
         self.twist_known = False
         self.twist_relocalised = False  # the twist is a relocalisation's mean over a gap
+        # (middle stamp, mean speed m/s) of the last trusted intervals: the speed's change (``_predict``).
+        self.speeds: deque[tuple[float, float]] = deque(maxlen=SPEED_SAMPLES)
         self.failures = 0
         self.rest_holds = 0  # scans since the last trusted one whose search landed at unconfirmed rest
         self.reseeding = False  # a segment started by a loss, nothing trusted in it yet
@@ -691,6 +696,7 @@ class KeyframeOdometry:
                 self.twist = relocalised_twist(delta, dt)
             else:
                 self.twist = body_twist(delta, dt)
+            self.speeds.append((self.last_stamp + dt / 2, float(np.linalg.norm(self.twist[:3]))))
             body = geometry.adjoint(geometry.invert_transform(result.transform))  # keyframe -> scan body frame
             self.twist_cov = 2.0 * (body @ cov_rel @ body.T) / dt**2
             self.twist_known = True
@@ -793,10 +799,24 @@ class KeyframeOdometry:
             raise RegistrationError(f"{n} finite points (need {self.cfg.min_points})")
 
     def _predict(self, stamp: float) -> np.ndarray:
-        """Pose at ``stamp`` extrapolated from the last trusted pose with the last twist, its turn
-        rate over at most ``max_gap`` seconds (``motion_prior.predicted_pose``: a turn ends)."""
+        """Pose at ``stamp`` extrapolated from the last trusted pose with the last twist, its speed
+        changing as over the last ``speed_change_window`` seconds and its turn rate kept, each for
+        at most ``max_gap`` seconds (``motion_prior.predicted_pose``: a manoeuvre ends)."""
         dt = stamp - self.last_stamp if self.last_stamp is not None else 0.0
-        return predicted_pose(self.last_pose, self.twist, dt, turn_horizon=self.cfg.max_gap)
+        return predicted_pose(self.last_pose, self.twist, dt, turn_horizon=self.cfg.max_gap,
+                              change=self._speed_change())
+
+    def _speed_change(self) -> float:
+        """m/s^2 the speed changes at, from the trusted intervals whose middles lie within
+        ``speed_change_window`` seconds of the last trusted scan (``motion_prior.speed_change``)."""
+        window = self.cfg.speed_change_window
+        if window <= 0 or self.last_stamp is None:
+            return 0.0
+        recent = [(t, v) for t, v in self.speeds if t >= self.last_stamp - window]
+        if len(recent) < 2:
+            return 0.0
+        times, speeds = np.array(recent).T
+        return speed_change(times, speeds)
 
     def _add_keyframe(self, prepared: PreparedCloud, scan: np.ndarray | None, pose: np.ndarray, stamp: float,
                       covariance: np.ndarray) -> None:

@@ -40,6 +40,21 @@ def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, ah
     assert all(isinstance(s["message"], str) and (s["trusted"] or s["message"]) for s in result["steps"])
 
 
+def test_every_kth_scan_is_streamed_with_its_own_stamp_and_judged_against_its_own_truth(vlp16_drive, tmp_path):
+    """``--every 2``: frames 0, 2, 4, 6 only, registered in order as a node taking one scan in two
+    would (stamps 0.2 s apart), each pose compared with its own frame's ground truth."""
+    from s2h_ros.cli import main
+
+    out = tmp_path / "stream.json"
+    assert main(["bench", "stream", "--sequence", str(vlp16_drive.folder), "--rate", "0", "--count", "7",
+                 "--every", "2", "--threads", "1", "--no-kiss-icp", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["every"] == 2 and result["processed"] == 4 and result["dropped"] == 0
+    assert [s["index"] for s in result["steps"]] == [0, 2, 4, 6]
+    assert result["trusted"] == 4 and result["wrong_trusted"] == []
+    assert result["metrics_trusted"]["ate_rmse_m"] < 0.1
+
+
 def test_a_stream_faster_than_the_odometry_drops_scans_and_answers_the_newest(vlp16_drive, tmp_path):
     """At 200 scans/s nothing registers in 5 ms: scans are dropped, every one is either answered or
     dropped, answers stay in order, and the last scan offered is answered."""

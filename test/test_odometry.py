@@ -206,6 +206,25 @@ def test_a_stale_prediction_carries_the_turn_rate_for_at_most_max_gap_seconds():
     assert geometry.yaw_deg(far) == pytest.approx(40.0) and far[:3, 3] == pytest.approx([30.0, 0.0, 0.0])
 
 
+def test_a_braking_sensors_prediction_slows_as_its_recent_trusted_speeds_did():
+    """The speeds of the trusted intervals whose middles lie within ``speed_change_window`` (1 s)
+    of the last trusted scan fall by 2 m/s^2: 1.3 s on, the prediction has braked for ``max_gap``
+    (1 s) and gone on at the speed reached; an older, faster interval is not counted, and with the
+    window 0 the speed is kept."""
+    from s2h_ros.motion_prior import travelled
+
+    def predicted(window: float) -> np.ndarray:
+        odo = KeyframeOdometry(FAST, OdometryConfig(max_gap=1.0, speed_change_window=window))
+        odo.last_pose, odo.last_stamp = np.eye(4), 5.0
+        odo.twist = np.array([8.1, 0.0, 0.0, 0.0, 0.0, 0.0])
+        odo.speeds.extend([(3.0, 20.0)] + [(t, 8.1 + 2.0 * (4.95 - t)) for t in (4.15, 4.35, 4.55, 4.75, 4.95)])
+        return odo._predict(6.3)[:3, 3]
+
+    assert predicted(1.0) == pytest.approx([travelled(8.1, -2.0, 1.3, 1.0), 0.0, 0.0])
+    assert predicted(1.0)[0] == pytest.approx(8.1 * 1.3 - 1.0 - 2.0 * 0.3)
+    assert predicted(0.0) == pytest.approx([8.1 * 1.3, 0.0, 0.0])
+
+
 # ---------------------------------------------------------------- trust and continuity, defaults
 
 

@@ -8,7 +8,9 @@ features, ``KeyframeOdometry.prepare``, while the worker registers the one befor
 (``torch.cuda.synchronize`` before the clock is read), so no GPU work is in flight when a latency
 is taken. ``--rate 0`` is lock-step: every scan, in order, offered as soon as the one before has
 been taken, as fast as the odometry goes. ``--no-prepare-ahead`` prepares a scan only once the
-odometry is free (one scan at a time: the same run's baseline).
+odometry is free (one scan at a time: the same run's baseline). ``--every K`` streams every K-th
+scan only, each with its own stamp (K sensor periods apart; lock-step: 0.1 s per frame), as a node
+that takes one scan in K sees them, deterministically.
 
 Reported: processed rate, scans dropped, latency from a scan being offered to its pose (p50 / p95 /
 max), the worker's step time, the mean time per stage and scan (``OdometryStep.timings``: the
@@ -56,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "always used)")
     parser.add_argument("--start", type=int, default=0, help="first frame of the sequence")
     parser.add_argument("--count", type=int, default=-1, help="frames streamed (-1: all from --start)")
+    parser.add_argument("--every", type=int, default=1,
+                        help="stream every K-th frame only, with its own stamp (lock-step: as a node that takes one "
+                             "scan in K, deterministic)")
     parser.add_argument("--rate", type=float, default=10.0, help="scans per second; 0: lock-step, every scan")
     parser.add_argument("--device", default="cpu", help="registration device: cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=0,
@@ -111,10 +116,11 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _stream(odo, scans: list[np.ndarray], times: list[np.ndarray | None], rate: float, device: str, first: int,
-            ahead: bool) -> tuple[list[dict], int]:
+            ahead: bool, every: int = 1) -> tuple[list[dict], int]:
     """The node's way (``s2h_ros.handover``): scans offered at their time (lock-step: as soon as the
     one before is taken), prepared on one thread (``ahead``: while the one before is registered),
-    registered on another. Records and the number of scans dropped."""
+    registered on another; ``scans`` are every ``every``-th frame from ``first``, each offered and
+    stamped as that frame. Records and the number of scans dropped."""
     from s2h_ros.handover import Failed, Handover
 
     period = 1.0 / rate if rate > 0 else 0.0
@@ -123,25 +129,25 @@ def _stream(odo, scans: list[np.ndarray], times: list[np.ndarray | None], rate: 
 
     def prepare(offer: tuple[int, float]):
         index, offered = offer
-        return index, offered, odo.prepare(scans[index], times[index], _stamp(index, period))
+        return index, offered, odo.prepare(scans[index], times[index], _stamp(index * every, period))
 
     def process(item) -> None:
         if isinstance(item, Failed):
             raise item.error
         index, offered, prepared = item
         started = time.perf_counter() - t0
-        step = odo.step(prepared, _stamp(index, period), behind=handover.waiting)
+        step = odo.step(prepared, _stamp(index * every, period), behind=handover.waiting)
         synchronize(device)
-        records.append(_step_record(step, first + index, offered, started, time.perf_counter() - t0,
+        records.append(_step_record(step, first + index * every, offered, started, time.perf_counter() - t0,
                                     sum(prepared.timings.values())))
 
     handover = Handover(prepare, process, name="stream", ahead=ahead)
     try:
         for index in range(len(scans)):
-            wait = index * period - (time.perf_counter() - t0)
+            wait = index * every * period - (time.perf_counter() - t0)
             if wait > 0:
                 time.sleep(wait)  # the scan is "published" at its time
-            odo.heard(_stamp(index, period))  # as registration_node does for every scan it receives
+            odo.heard(_stamp(index * every, period))  # as registration_node does for every scan it receives
             handover.offer((index, time.perf_counter() - t0), wait=not period)
         handover.join()
     finally:
@@ -249,9 +255,11 @@ def run(args: argparse.Namespace) -> dict:
     sequence = _sequence(args)
     first = args.start
     count = (len(sequence) - first) if args.count < 0 else min(args.count, len(sequence) - first)
-    if count < 3:
-        raise SystemExit(f"{count} frames to stream: need 3 or more")
-    read = [sequence[i] for i in range(first, first + count)]
+    if args.every < 1:
+        raise SystemExit(f"--every {args.every}: must be 1 or more")
+    if -(-count // args.every) < 3:
+        raise SystemExit(f"{count} frames, every {args.every}: need 3 or more to stream")
+    read = [sequence[i] for i in range(first, first + count, args.every)]
     scans = [np.ascontiguousarray(scan.points[:, :3], dtype=np.float32) for scan in read]
     times = [scan.times for scan in read]  # per-point times of a motion-distorted sweep, else None
     del read
@@ -266,7 +274,8 @@ def run(args: argparse.Namespace) -> dict:
 
     odo = KeyframeOdometry(registration, odometry, registrar=registrar)
     t0 = time.perf_counter()
-    records, dropped = _stream(odo, scans, times, args.rate, args.device, first, ahead=not args.no_prepare_ahead)
+    records, dropped = _stream(odo, scans, times, args.rate, args.device, first, ahead=not args.no_prepare_ahead,
+                               every=args.every)
     duration = time.perf_counter() - t0
 
     latencies = [r["latency_ms"] for r in records]
@@ -274,7 +283,7 @@ def run(args: argparse.Namespace) -> dict:
     trusted = sum(r["trusted"] for r in records)
     events = dict(Counter(r["event"] for r in records if r["event"]))
     out = {
-        "sequence": str(sequence.folder), "frames": count, "first": first,
+        "sequence": str(sequence.folder), "frames": count, "first": first, "every": args.every,
         "points_per_scan_mean": float(np.mean([len(s) for s in scans])),
         "device": args.device, "device_name": _device_name(args.device), "torch": torch.__version__,
         "torch_threads": threads, "rate_hz": args.rate, "duration_s": duration,
@@ -304,7 +313,9 @@ def summary(out: dict) -> str:
     """A few readable lines of one run."""
     m = out["metrics_trusted"]
     lines = [
-        f"stream: {out['frames']} scans ({out['points_per_scan_mean']:.0f} points each) at "
+        f"stream: {out['frames']} scans"
+        + (f" (every {out['every']}th streamed)" if out.get("every", 1) > 1 else "")
+        + f" ({out['points_per_scan_mean']:.0f} points each) at "
         f"{out['rate_hz']:g} Hz on {out['device_name']}",
         f"  processed {out['processed']} ({out['processed_rate_hz']:.2f} scans/s), dropped {out['dropped']}, "
         f"trusted {out['trusted']}"
