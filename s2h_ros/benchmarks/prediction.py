@@ -12,7 +12,8 @@ over each ``--turn-horizons`` (``inf``: carried on; default also the shipped ``m
 the speed kept (key: the horizon) or changing at the rate the speeds of the last
 ``--speed-change-windows`` seconds give (``motion_prior.speed_change``, over the same horizon; key
 ``<horizon>+speed_<window>s``: the speeds of intervals of ``--twist-over`` seconds, as a node taking
-every such scan measures them), and compares with the true pose then: yaw and position error, and whether the heading hypothesis the
+every such scan measures them), and compares with the true pose then: yaw and position error (and
+``beyond_radius``, the share more than ``prior_radius`` off), and whether the heading hypothesis the
 global search tries first (``pipeline.heading_order``) is the one nearest the true yaw
 (``right_heading_first``) or a turned one where the truth is within half a hypothesis step of the
 heading as given (``turned_first``: the search tries a wrong turned heading first).
