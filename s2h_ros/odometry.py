@@ -856,9 +856,7 @@ class KeyframeOdometry:
         if window <= 0 or self.last_stamp is None:
             return 0.0
         recent = [(t, v) for t, v in self.speeds if t >= self.last_stamp - window]
-        if len(recent) < 2:
-            return 0.0
-        times, speeds = np.array(recent).T
+        times, speeds = np.array(recent, dtype=float).reshape(-1, 2).T  # fewer than two: no change
         return speed_change(times, speeds)
 
     def _add_keyframe(self, prepared: PreparedCloud, scan: np.ndarray | None, pose: np.ndarray, stamp: float,

@@ -63,8 +63,7 @@ def _speeds(poses: np.ndarray, i: int, back: int, rate: float, window: float) ->
 
 
 def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: float, horizons: list[float],
-                      every: int, hypotheses: int, windows: list[float] = (0.0,),
-                      radius: float = 1.5) -> dict[str, dict]:
+                      every: int, hypotheses: int, windows: list[float], radius: float) -> dict[str, dict]:
     """Per turn horizon and speed-change window: the errors of predictions ``ahead`` seconds on
     from every ``every``-th pose of ``poses`` (N, 4, 4), the twist measured over the
     ``twist_over`` seconds before it; ``beyond_radius``: the fraction more than ``radius`` metres
@@ -109,15 +108,14 @@ def run(args: argparse.Namespace) -> dict:
     horizons = args.turn_horizons if args.turn_horizons is not None else [math.inf, OdometryConfig().max_gap]
     windows = (args.speed_change_windows if args.speed_change_windows is not None
                else [0.0, OdometryConfig().speed_change_window])
-    hypotheses = RegistrationConfig().heading_hypotheses
+    hypotheses, radius = RegistrationConfig().heading_hypotheses, RegistrationConfig().prior_radius
     calib = args.calib or SAMPLE_CALIB
     results = {}
     for path in args.poses or [SAMPLE_POSES]:
         poses = _velodyne_poses(path, calib)
         results[path.stem] = {f"twist_over_{over:g}s": {f"ahead_{ahead:g}s": prediction_errors(
-            poses, args.rate, over, ahead, horizons, args.every, hypotheses, windows,
-            RegistrationConfig().prior_radius) for ahead in args.ahead}
+            poses, args.rate, over, ahead, horizons, args.every, hypotheses, windows, radius) for ahead in args.ahead}
             for over in args.twist_over}
     return {"heading_hypotheses": hypotheses, "turn_horizons_s": [str(h) for h in horizons],
-            "speed_change_windows_s": windows, "radius_m": RegistrationConfig().prior_radius,
+            "speed_change_windows_s": windows, "radius_m": radius,
             "rate_hz": args.rate, "every": args.every, "sequences": results}
