@@ -96,9 +96,15 @@ class PreparedCloud:
     _icp_target: tuple[float, "IcpTarget"] | None = field(default=None, repr=False)  # (min_planarity, target)
     _tree: object = field(default=None, repr=False)
     _range_image: np.ndarray | None = field(default=None, repr=False)
-    # Guards the five above: a keyframe's are computed on a helper thread (``warm``) while the
-    # worker may already ask for them; the worker then waits for the one in progress.
+    # A keyframe's are computed on a helper thread (``warm``) while the worker may already ask for
+    # them; the worker then waits for the one in progress, and only for it: ``_lock`` guards the
+    # three surface caches above (they are made from one another), ``_tree_lock`` the spatial
+    # index and ``_range_lock`` the range image. With one lock for all five, the scan after a
+    # keyframe could wait for the keyframe's surface (Open3D) before its tracking support could
+    # query the spatial index (RAW KITTI scan at 8000 voxels, 2-core VM: 4-22 ms, now 0).
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _tree_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _range_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _pattern_axis: np.ndarray | None = field(default=None, repr=False)  # asked by the verification only
 
     def input_frame_xyz(self) -> np.ndarray:
@@ -178,7 +184,7 @@ class PreparedCloud:
     def spatial_index(self):
         """The voxels' neighbour search with cKDTree's ``query``, built once (a keyframe serves many
         scans): scipy's cKDTree on the CPU, :class:`s2h_ros.hash_grid.DeviceIndex` on a GPU device."""
-        with self._lock:
+        with self._tree_lock:
             if self._tree is None:
                 if on_device(self.device):
                     self._tree = DeviceIndex(self.xyz, self.device)
@@ -191,7 +197,7 @@ class PreparedCloud:
     def range_image(self) -> np.ndarray:
         """The voxels' view from the input frame's origin (``s2h_ros.free_space.range_image``: the
         nearest return per direction), built once."""
-        with self._lock:
+        with self._range_lock:
             if self._range_image is None:
                 self._range_image = range_image(self.input_frame_xyz())
             return self._range_image

@@ -140,6 +140,19 @@ def test_the_local_map_built_on_a_helper_thread_is_the_one_built_in_line(raw_sca
     assert np.percentile(dots, 0.1) > 1 - 1e-6
 
 
+def test_a_keyframes_spatial_index_is_handed_out_while_its_surface_is_still_being_computed(voxels):
+    """The worker's tracking support asks a new keyframe for its spatial index while the keyframe's
+    warm-up computes its surface on a helper thread: it must not wait for the surface (held here
+    by taking the surface caches' lock, as ``PreparedCloud.surface`` does while it runs)."""
+    from s2h_ros.pipeline import PreparedCloud
+
+    cloud = PreparedCloud(voxels.astype(np.float32), torch.zeros(len(voxels), 1), len(voxels), "fpfh")
+    with cloud._lock:  # the surface under way
+        asked = in_background(cloud.spatial_index, name="worker")
+        tree = asked.result(timeout=30)
+    assert tree.n == len(voxels) and cloud.spatial_index() is tree
+
+
 def test_the_odometry_with_keyframes_prepared_on_helper_threads_gives_the_poses_it_gives_in_line(vlp16_drive, monkeypatch):
     """A new keyframe's k-d tree, normals and planarity and the local map with it, prepared on
     helper threads, against the same work done in line when asked, on the 8-scan VLP-16 drive:
