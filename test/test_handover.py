@@ -1,10 +1,14 @@
 """s2h_ros.handover: the newest-wins slot, preparation ahead on a second thread, order and drops."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
-from s2h_ros.handover import Failed, Handover
+import pytest
+
+from s2h_ros.handover import MALLOC_ARENAS, Failed, Handover
 
 
 class _Recorder:
@@ -106,3 +110,32 @@ def test_without_ahead_nothing_is_prepared_while_the_worker_is_busy():
     assert handover.join(10)
     handover.stop()
     assert prepared == [0, 2] and rec.seen == [0, 2] and handover.dropped == 1
+
+
+_ARENAS_SCRIPT = r"""
+import ctypes, ctypes.util, sys, threading
+from s2h_ros.handover import limit_malloc_arenas
+if sys.argv[1] == "limited":
+    assert limit_malloc_arenas()
+start = threading.Barrier(8)
+def allocate():
+    start.wait()
+    for _ in range(200):
+        kept = [bytearray(2000) for _ in range(500)]
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+ctypes.CDLL(ctypes.util.find_library("c")).malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_stats")
+def test_threads_allocating_at_once_share_the_limited_malloc_arenas():
+    """Eight threads allocating at once: glibc gives them arenas of their own unless the process
+    limited them (as registration_node and s2h bench stream do), each keeping what its thread freed."""
+    arenas = {}
+    for mode in ("limited", "default"):
+        done = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, mode], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        arenas[mode] = done.stderr.count("Arena ")
+    assert arenas["limited"] <= MALLOC_ARENAS < arenas["default"], arenas

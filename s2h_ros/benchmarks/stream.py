@@ -246,9 +246,11 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from s2h_ros.config import cpu_threads, use_cpu_threads
+    from s2h_ros.handover import limit_malloc_arenas
     from s2h_ros.odometry import KeyframeOdometry
     from s2h_ros.pipeline import Registrar
 
+    limit_malloc_arenas()  # as registration_node does
     params_files, registration, odometry = _configs(args)
     threads = cpu_threads(args.threads, args.device)
     use_cpu_threads(threads)

@@ -60,7 +60,7 @@ from visualization_msgs.msg import MarkerArray
 
 from s2h_ros import geometry, stamps
 from s2h_ros.config import ConfigError, cpu_threads, use_cpu_threads
-from s2h_ros.handover import Failed, Handover
+from s2h_ros.handover import Failed, Handover, limit_malloc_arenas
 from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
 from s2h_ros.pipeline import Registrar, RegistrationError
 from s2h_ros.pointcloud2 import PointCloud2Error, read_xyz_times
@@ -385,6 +385,7 @@ def _start_registrar(cfg) -> tuple[Registrar, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    limit_malloc_arenas()  # before any thread starts (s2h_ros.handover)
     rclpy.init(args=argv if argv is not None else sys.argv)
     try:
         node = RegistrationNode()
