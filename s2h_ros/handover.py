@@ -174,8 +174,9 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     the memory its thread freed; the node's preparer, worker and helper threads then held about
     twice the memory they use. Measured over DDS (``s2h bench robustness --soak-minutes 5``, the
     10 Hz 64-beam drive, 2-core VM, docs/performance.md): node RSS 514 -> 1096 MB (max 1171) with
-    glibc's default, 479 -> 658 MB (max 733) with 2 arenas; the processed rate in process (held-out
-    HDL-64 world 924 at 10 Hz, `config/cpu.yaml`, 2 runs each) 5.22 / 4.70 against 4.91 / 5.22 scans/s."""
+    glibc's default, 479 -> 658 MB (max 733) with ``MALLOC_ARENA_MAX=2`` in its environment, 521 ->
+    762 MB (max 774) with this call in the node; the processed rate in process (held-out HDL-64
+    world 924 at 10 Hz, `config/cpu.yaml`, 2 runs each) 5.22 / 4.70 against 4.91 / 5.22 scans/s."""
     import ctypes
     import ctypes.util
 
