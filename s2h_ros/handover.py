@@ -22,16 +22,26 @@ HDL-64 one (the second core is not free there); the latency grows by about 100 m
 
 Written here rather than taken from a library: ``queue.Queue`` drops nothing and keeps the oldest
 first; this is the newest-wins slot, a second slot for the prepared scan, and the rule between them.
+
+Work that a keyframe starts off the scans' path runs on a helper thread (``in_background``) or,
+for the local map, in one low-priority helper process (``in_low_priority_process``: the standard
+library's process pool with a spawned worker; what is written here is its priority, its single
+thread and its end with the node).
 """
 from __future__ import annotations
 
 import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
 import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,3 +218,84 @@ def in_background(fn: Callable[..., Any], *args: Any, name: str = "background") 
 
     threading.Thread(target=run, name=name, daemon=False).start()
     return future
+
+
+# The helper process's niceness: Linux weighs a nice-5 process at 335 against 1024 for the node's
+# own threads, so where they keep every core busy it takes about a quarter of one. Held-out HDL-64
+# drive at 10 Hz on the 2-core VM (docs/performance.md, "The local map in a low-priority process"):
+# niceness 0, 5, 10 and 19 within the runs' spread in rate and latency, but the higher, the more
+# often a scan's map was a keyframe behind (15, 30, 50, 70 % of the scans).
+HELPER_NICE = 5
+_helper: ProcessPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def in_low_priority_process(fn: Callable[..., Any], *args: Any) -> Future:
+    """``fn(*args)`` in the helper process: one process for the whole program, started on first use
+    (:func:`start_helper_process`), at niceness ``HELPER_NICE`` (added to this process's), one thread, exiting when this
+    process does. ``fn`` is a module-level function and ``args`` are pickled there and back (a local
+    map's keyframe scans, a few MB). The future raises ``BrokenProcessPool`` when the process died
+    (the next call starts another).
+
+    Why a process and not a thread: on the CPU, Open3D's neighbour searches hold the interpreter
+    lock for the whole call (a local map's 0.2 s of them stalled the scan's threads), and a thread's
+    share of the cores cannot be lowered below theirs. Forked children of a process with threads
+    (torch, DDS) may deadlock, so the process is spawned: it imports the library again (about 3 s,
+    about 250 MB resident, most of it the shared libraries' pages that the node maps too)."""
+    global _helper
+    with _helper_lock:
+        try:
+            return _helper_pool().submit(fn, *args)
+        except BrokenProcessPool:  # the process died since the last call: start another
+            _helper = None
+            return _helper_pool().submit(fn, *args)
+
+
+def _helper_pool() -> ProcessPoolExecutor:
+    global _helper
+    if _helper is None:
+        _helper = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=_helper_started, initargs=(HELPER_NICE,))
+    return _helper
+
+
+def start_helper_process() -> None:
+    """Start the helper process now, so that its imports run before the first work needs it."""
+    in_low_priority_process(os.getpid)
+
+
+def helper_process_pid() -> int | None:
+    """The helper process's pid, None when it was never started (waits until it runs)."""
+    return None if _helper is None else in_low_priority_process(os.getpid).result()
+
+
+def helper_peak_rss_mb() -> float | None:
+    """The helper process's peak resident memory (MB, Linux's VmHWM), None when it was never started
+    or it cannot be read here: what the node holds beyond its own process."""
+    pid = helper_process_pid()
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, TypeError):
+        return None
+
+
+def _helper_started(nice: int) -> None:
+    """In the helper process, before any work: one thread for torch, OpenMP and BLAS (read as
+    they load, after this), the niceness, Ctrl-C left to its parent (a terminal sends it to the
+    whole process group; the parent's exit ends the helper), and a watch that ends it when its
+    parent ends (killed included: a spawned pool's worker would otherwise wait for work for ever)."""
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(nice)
+    except OSError:  # not permitted here: the same work at the node's priority
+        pass
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), daemon=True).start()
+
+
+def _exit_with_parent(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(0)

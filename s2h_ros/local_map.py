@@ -7,11 +7,29 @@ The fine refinement then aligns the scan, downsampled at ``map_voxel``, with a l
 ``map_keyframes`` keyframe scans at their odometry poses, downsampled at ``map_voxel`` together
 (:func:`s2h_ros.geometry.voxel_mean`), their normals computed once per change of keyframes. The
 alignment is the pipeline's robust point-to-plane ICP (:func:`s2h_ros.pipeline.refine_icp`) at the
-map's voxel size. A new keyframe's map is built on a helper thread from the moment the keyframe
-is added, and the next refinement waits for it: the same map as built in line, off the path of
-the scans (on a GPU machine the rebuild cost 70 ms of the next step; on a 2-core CPU about 200 ms
-of a 64-beam map, where Open3D's neighbour searches, about two thirds of it, hold the interpreter
-lock and stall the worker while they run: s2h_ros.surface).
+map's voxel size. A map of five 64-beam keyframes (about 64k voxels) costs about 0.3 s of CPU on
+the 2-core VM, two thirds of it Open3D's neighbour searches, which hold the interpreter lock while
+they run (s2h_ros.surface). It is built from the moment a keyframe is added, one of two ways
+(``OdometryConfig.map_in_background``):
+
+- **in the helper process** (default; :func:`s2h_ros.handover.in_low_priority_process`, at a lower
+  priority, on the CPU: the same numbers as the device's path). Scans go on being refined against the
+  newest map built by then, ``behind`` keyframes behind the current ones
+  (``Refinement.map_behind``), while the new one takes what the scans' threads leave of the cores
+  and none of their interpreter lock. A scan that becomes a keyframe (``newest``) is refined
+  against the map of the current keyframes, waiting for it: keyframes carry the track on, and a
+  version that let them align to an older map drifted 3.5x as far (held-out VLP-16 drive, world
+  992, lock-step: KITTI drift 0.030 -> 0.106 %). A build superseded before it started is not run.
+- **on a helper thread**, and the next refinement waits for it: every pose independent of timing
+  (offline evaluation), the map built on the registration's device (on a GPU machine the rebuild
+  cost 70 ms of the next step).
+
+Measured with both on held-out simulated drives (docs/performance.md, "The local map in a
+low-priority process"): at 10 Hz on the 2-core VM, HDL-64 world 924, three runs each alternating,
+latency p95 422-482 against 554-589 ms and 5.9-7.1 against 5.1-5.6 scans/s (VLP-32 world 993: no
+difference beyond the runs' spread); in lock-step the same KITTI drift (VLP-16 world 992 0.030 /
+0.030 %, VLP-32 world 993 0.053 / 0.055 %, HDL-64 world 994 0.031 / 0.032 %). The helper process
+holds 370-390 MB resident (torch's and Open3D's libraries, mostly pages the node maps too).
 
 Measured on a held-out VLP-32 drive (world seed 13; maps of five keyframes at ground-truth poses,
 starts 5 cm / 0.3 deg off; docs/performance.md): the registration's one-keyframe ICP ends 0.8 cm /
@@ -29,20 +47,45 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from typing import NamedTuple
 
 import numpy as np
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.handover import in_background
+from s2h_ros.handover import in_background, in_low_priority_process, start_helper_process
 from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, refine_icp
 from s2h_ros.surface import estimate_surface, planar_surface
+
+
+class MapSurface(NamedTuple):
+    """A local map (``build_map``): its points, their normals and what the ICP aligns a scan to."""
+
+    xyz: np.ndarray  # (P, 3) float64 points in the odometry frame, downsampled at the map's voxel
+    normals: np.ndarray  # (P, 3) float64 unit normals
+    target: IcpTarget  # the points with planes (``icp_min_planarity``, surface.planar_surface) and their normals
+    keyframes: int  # keyframe scans it holds
+
+
+def build_map(scans: list[tuple[np.ndarray, np.ndarray]], voxel: float, normal_voxel: float, min_planarity: float,
+              device: str = "cpu") -> MapSurface:
+    """The map of keyframe ``scans`` ((M_i, 3) points in their sensor frames, (4, 4) poses):
+    downsampled at ``voxel`` together, normals over ``normal_voxel``'s neighbourhood (computed once per
+    change of keyframes), the ICP target of the points without line-like neighbourhoods."""
+    xyz = geometry.voxel_mean(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in scans]),
+                              voxel, device)
+    surface = estimate_surface(xyz, normal_voxel, device)
+    up = np.mean([pose[:3, 2] for _, pose in scans], axis=0)  # the sensors' z: their rings' axis
+    keep, planes = planar_surface(xyz, surface, normal_voxel, min_planarity, up / np.linalg.norm(up), device)
+    return MapSurface(xyz, surface.normals, IcpTarget(xyz[keep], planes), len(scans))
 
 
 class LocalMap:
     """The last ``keyframes`` keyframe scans at their poses, and ``refine`` of a pose against them."""
 
-    def __init__(self, voxel: float, keyframes: int, registration: RegistrationConfig | None = None) -> None:
+    def __init__(self, voxel: float, keyframes: int, registration: RegistrationConfig | None = None,
+                 background: bool = True) -> None:
         if keyframes < 1 or voxel <= 0:
             raise ValueError(f"need keyframes >= 1 and voxel > 0, got {keyframes} and {voxel}")
         self.voxel = float(voxel)
@@ -55,9 +98,16 @@ class LocalMap:
         self.normal_voxel = max(self.voxel, registration.voxel_size)
         self.check_voxel = registration.voxel_size
         self.device = registration.device
+        self.background = background  # module text
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
-        self._map: tuple[np.ndarray, np.ndarray, IcpTarget] | None = None  # points, normals, ICP target
-        self._building: Future | None = None  # the map of the current keyframes, started by ``add``
+        self._map: MapSurface | None = None  # the newest built map taken up
+        # maps started by ``add``, oldest first: the build, its scans, and ``_added`` when it started
+        self._builds: deque[tuple[Future, list, int]] = deque()
+        self._added = self._map_added = 0  # keyframes added so far; when the map taken up was started
+        self.behind = 0  # keyframes added since the map that the last refinement used was started
+        self.held = 0  # keyframe scans in that map
+        if background:
+            start_helper_process()
 
     def __len__(self) -> int:
         return len(self._scans)
@@ -65,7 +115,9 @@ class LocalMap:
     def clear(self) -> None:
         self._scans.clear()
         self._map = None
-        self._building = None
+        for build, *_ in self._builds:
+            build.cancel()
+        self._builds.clear()
 
     def scan(self, points: np.ndarray | CheckedCloud) -> np.ndarray:
         """``(N, >=3)`` points (sensor frame) as ``add`` and ``refine`` take them: ``(M, 3)`` float64,
@@ -77,44 +129,61 @@ class LocalMap:
         return geometry.voxel_mean(checked.xyz.astype(np.float64) + checked.origin, self.voxel, self.device)
 
     def add(self, scan: np.ndarray, pose: np.ndarray) -> None:
-        """A keyframe's ``scan`` (from ``scan``) at its ``(4, 4)`` pose; the oldest drops out. The new
-        map is built from now on a helper thread, and ``points`` waits for it."""
+        """A keyframe's ``scan`` (from ``scan``) at its ``(4, 4)`` pose; the oldest drops out. Its
+        map is built from now on (module text); one still waiting to start is not built."""
         self._scans.append((scan, np.asarray(pose, dtype=np.float64)))
-        self._map = None
-        self._building = in_background(self._build, list(self._scans), name="local map")
+        self._added += 1
+        for build, *_ in self._builds:
+            build.cancel()
+        scans = list(self._scans)
+        args = (scans, self.voxel, self.normal_voxel, self.icp.icp_min_planarity)
+        build = (in_low_priority_process(build_map, *args) if self.background
+                 else in_background(build_map, *args, self.device, name="local map"))
+        self._builds.append((build, scans, self._added))
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
-        """The map: ``(P, 3)`` points in the odometry frame, downsampled at ``voxel``, and their
-        ``(P, 3)`` normals (computed once per change of keyframes)."""
-        return self._surface()[:2]
+        """The map of the current keyframes (waiting for it): ``(P, 3)`` points in the odometry
+        frame, downsampled at ``voxel``, and their ``(P, 3)`` normals."""
+        surface = self._surface(newest=True)
+        return surface.xyz, surface.normals
 
-    def _surface(self) -> tuple[np.ndarray, np.ndarray, IcpTarget]:
-        """``points`` and what the ICP aligns a scan to (``icp_min_planarity``: the points without
-        line-like neighbourhoods, :func:`s2h_ros.surface.planar_surface`)."""
-        if self._map is None:
-            building, self._building = self._building, None
-            self._map = building.result() if building is not None else self._build(list(self._scans))
+    def _surface(self, newest: bool) -> MapSurface:
+        """With ``newest`` (or in the foreground, or before any map is built) the map of the current
+        keyframes, waiting for its build; else the newest map built by now."""
+        if newest or not self.background or self._map is None:
+            ready = len(self._builds)
+        else:  # one helper process: maps finish in the order they were started
+            ready = next((i for i, (build, *_) in enumerate(self._builds) if not build.done()), len(self._builds))
+        taken = [self._builds.popleft() for _ in range(ready)]
+        usable = [(build, scans, added) for build, scans, added in taken if not build.cancelled()]
+        if usable:
+            build, scans, self._map_added = usable[-1]
+            self._map = self._built(build, scans)
         return self._map
 
-    def _build(self, scans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, IcpTarget]:
-        xyz = geometry.voxel_mean(np.concatenate([geometry.apply_transform(pose, scan) for scan, pose in scans]),
-                                  self.voxel, self.device)
-        surface = estimate_surface(xyz, self.normal_voxel, self.device)
-        up = np.mean([pose[:3, 2] for _, pose in scans], axis=0)  # the sensors' z: their rings' axis
-        keep, planes = planar_surface(xyz, surface, self.normal_voxel, self.icp.icp_min_planarity,
-                                      up / np.linalg.norm(up), self.device)
-        return xyz, surface.normals, IcpTarget(xyz[keep], planes)
+    def _built(self, build: Future, scans: list) -> MapSurface:
+        """A build's map; built here when the helper process died under it."""
+        try:
+            return build.result()
+        except BrokenProcessPool:
+            return build_map(scans, self.voxel, self.normal_voxel, self.icp.icp_min_planarity, self.device)
 
-    def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float) -> Refinement:
-        """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map. Used
+    def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float,
+               newest: bool = False) -> Refinement:
+        """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map: the
+        newest built by now, ``behind`` keyframes behind the current ones, or with ``newest`` that of
+        the current keyframes, waiting for it (a scan that becomes a keyframe: module text). Used
         when it moves the pose by less than ``max_move_m`` and ``max_turn_deg``: a bigger move is not
         a refinement of a trusted pose but a different answer, so the trusted pose stands and
         ``message`` says so."""
         t0 = time.perf_counter()
         if not self._scans:
             return Refinement(pose, False, "the local map is empty", 0.0, 0.0, 0.0)
-        target = self._surface()[2]
-        refined = refine_icp(scan, target.xyz, pose, self.icp, target.normals)
-        return Refinement.bounded(pose, refined, max_move_m, max_turn_deg,
-                                  "the refinement against the local map moved the trusted pose",
-                                  1e3 * (time.perf_counter() - t0))
+        surface = self._surface(newest)
+        self.behind, self.held = self._added - self._map_added, surface.keyframes
+        refined = refine_icp(scan, surface.target.xyz, pose, self.icp, surface.target.normals)
+        refinement = Refinement.bounded(pose, refined, max_move_m, max_turn_deg,
+                                        "the refinement against the local map moved the trusted pose",
+                                        1e3 * (time.perf_counter() - t0))
+        refinement.map_behind = self.behind
+        return refinement

@@ -80,11 +80,12 @@ Each scan goes through these stages:
    KITTI drift 2.6 % -> 0.02 %). A refinement that moves the pose further says that the map and
    the keyframe disagree about the scan: it is not trusted (``_map_refined``).
 7. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops. What
-   the next scans need of it (k-d tree, normals, planarity; the local map with it) is computed from
-   then on helper threads, and a step waits only for what is not ready when it asks. On the CPU
-   Open3D computes most of it and holds the interpreter lock while it does (s2h_ros.surface), so
-   the worker stalls for those calls, but not for the rest, and the step after a keyframe no
-   longer does it all itself (docs/performance.md: its p95 halved on a 2-core VM).
+   the next scans need of it (k-d tree, normals, planarity) is computed from then on a helper
+   thread, and a step waits only for what is not ready when it asks. On the CPU Open3D computes
+   most of it and holds the interpreter lock while it does (s2h_ros.surface), so the worker stalls
+   for those calls, but not for the rest. The local map with it is built in a low-priority helper
+   process (``map_in_background``): scans are refined against the newest map built by then, and a
+   scan that becomes a keyframe against the map of the current keyframes (``s2h_ros.local_map``).
 
 A failed scan yields no pose: callers (the ROS node, replay evaluation) publish nothing they
 cannot trust.
@@ -215,7 +216,7 @@ class KeyframeOdometry:
         self.local_map = None
         if self.cfg.map_keyframes:
             self.local_map = LocalMap(self.cfg.map_voxel or self.registrar.config.voxel_size, self.cfg.map_keyframes,
-                                      self.registrar.config)
+                                      self.registrar.config, self.cfg.map_in_background)
         self.count = 0
         self.segment = 0
         self.keyframe_id = -1
@@ -716,15 +717,18 @@ class KeyframeOdometry:
         back to it, trusted the second (docs/reliability.md)."""
         if self.local_map is None or not result.success:
             return None
+        # A scan that becomes a keyframe carries the track on: it is refined against the map of the
+        # current keyframes (waiting for it); the others against the newest map built (local_map).
         refinement = self.local_map.refine(scan, keyframe.pose @ result.transform, self.agree_distance(),
-                                           AGREE_ROTATION_DEG)
+                                           AGREE_ROTATION_DEG, newest=self._needs_keyframe(result))
         result.timings["map_refine"] = refinement.ms
         result.timings["total"] = result.timings.get("total", 0.0) + refinement.ms
         if not refinement.used and refinement.refined is not None:
             result.success = False
-            kept = len(self.local_map)
+            kept, behind = self.local_map.held, self.local_map.behind
+            since = f", built {behind} keyframe{'s' if behind != 1 else ''} ago" if behind else ""
             result.message = (f"{refinement.message.removesuffix(': not used')}: the local map of {kept} "
-                              f"keyframe{'s' if kept != 1 else ''} and keyframe {keyframe.id} disagree, not trusted")
+                              f"keyframe{'s' if kept != 1 else ''}{since} and keyframe {keyframe.id} disagree, not trusted")
         return refinement
 
     def _tracked(self, index: int, stamp: float, prepared: PreparedCloud, scan: np.ndarray | None, keyframe: Keyframe,

@@ -234,6 +234,7 @@ class Refinement:
     moved_deg: float  # and by how much it turned it
     ms: float
     refined: np.ndarray | None = None  # (4, 4) where the refinement went, used or not; None when it did not run
+    map_behind: int = 0  # the odometry's local map: keyframes added since the map it aligned to was started
 
     @classmethod
     def bounded(cls, given: np.ndarray, refined: np.ndarray, max_move_m: float, max_turn_deg: float,

@@ -27,10 +27,11 @@ again, and the eigen-decomposition is ``symmetric_eigen3`` in closed form on the
 - **GPU** (any other device): the neighbours from a hash grid (:mod:`s2h_ros.hash_grid`), the
   covariances and their eigen-decomposition, all on the device. Open3D holds Python's global interpreter
   lock for the whole of each call (measured: a Python thread beside three normal estimations made
-  no progress for their 2.4 s). The odometry prepares the next scan, the new keyframe and the
-  local map on helper threads while its worker registers; each Open3D call there stalls the worker
-  for as long as it runs, torch's ops do not. (On the CPU the helpers still use Open3D, faster
-  there: the worker stalls for its searches, not for the rest, docs/performance.md.)
+  no progress for their 2.4 s). The odometry prepares the next scan and the new keyframe on
+  helper threads while its worker registers; each Open3D call there stalls the worker for as long
+  as it runs, torch's ops do not. (On the CPU the helpers still use Open3D, faster there: the
+  worker stalls for its searches, not for the rest, docs/performance.md.) The local map, the
+  largest of them, is built in a helper process by default (s2h_ros.local_map), away from the lock.
 """
 from __future__ import annotations
 

@@ -1,14 +1,19 @@
-"""s2h_ros.handover: the newest-wins slot, preparation ahead on a second thread, order and drops."""
+"""s2h_ros.handover: the newest-wins slot, preparation ahead on a second thread, order and drops;
+the low-priority helper process, replaced when it dies and ending with its parent."""
 from __future__ import annotations
 
+import os
+import select
+import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from s2h_ros.handover import MALLOC_ARENAS, Failed, Handover
+from s2h_ros.handover import MALLOC_ARENAS, Failed, Handover, in_low_priority_process
 
 
 class _Recorder:
@@ -139,3 +144,42 @@ def test_threads_allocating_at_once_share_the_limited_malloc_arenas():
         assert done.returncode == 0, done.stderr[-2000:]
         arenas[mode] = done.stderr.count("Arena ")
     assert arenas["limited"] <= MALLOC_ARENAS < arenas["default"], arenas
+
+
+def test_a_killed_helper_process_is_replaced_by_the_next_call():
+    pid = in_low_priority_process(os.getpid).result(timeout=120)
+    os.kill(pid, signal.SIGKILL)
+    replaced = None
+    for _ in range(2):  # a call made before the pool saw the death fails with it; the next starts another
+        try:
+            replaced = in_low_priority_process(os.getpid).result(timeout=120)
+            break
+        except BrokenProcessPool:
+            continue
+    assert replaced is not None and replaced != pid
+
+
+_HELPER_SCRIPT = """
+import sys
+from s2h_ros.handover import helper_process_pid, start_helper_process
+start_helper_process()
+print(helper_process_pid(), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits for the helper's end through a Linux pidfd")
+def test_the_helper_process_ends_when_its_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", _HELPER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        helper = int(parent.stdout.readline())
+        handle = os.pidfd_open(helper)
+    finally:
+        parent.kill()
+        parent.wait(timeout=60)
+    try:
+        ended, _, _ = select.select([handle], [], [], 60)
+        assert ended, f"helper process {helper} still runs 60 s after its parent was killed"
+    finally:
+        os.close(handle)

@@ -1,12 +1,17 @@
-"""The local map and the fine refinement against it, on the real RAW KITTI 00 frames 0 and 1."""
+"""The local map and the fine refinement against it, on the real RAW KITTI 00 frames 0 and 1; its
+maps built in the helper process, the newest built used until a keyframe asks for the current one."""
 from __future__ import annotations
 
+import os
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from s2h_ros import geometry
+from s2h_ros import geometry, local_map
+from s2h_ros.handover import HELPER_NICE, helper_process_pid
 from s2h_ros.local_map import LocalMap
 
 KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti"
@@ -94,3 +99,85 @@ def test_the_map_is_the_keyframes_at_their_poses_with_normals(raw_pair):
 def test_wrong_settings_are_refused():
     with pytest.raises(ValueError, match="keyframes"):
         LocalMap(voxel=0.25, keyframes=0)
+
+
+class _Running(Future):
+    """A map build still running until someone waits for it (in place of the helper process):
+    ``done()`` is False until ``result()`` is asked for, which builds it then."""
+
+    def __init__(self, fn, *args):
+        super().__init__()
+        self.fn, self.args = fn, args
+
+    def result(self, timeout=None):
+        if not self.done() and self.set_running_or_notify_cancel():
+            self.set_result(self.fn(*self.args))
+        return super().result(timeout)
+
+
+class _Died(Future):
+    """A build whose helper process died under it."""
+
+    def __init__(self, fn, *args):
+        super().__init__()
+        self.set_exception(BrokenProcessPool("the helper process died"))
+
+
+def _steps(first: np.ndarray, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` keyframes: the scan at poses 0.5 m apart along x."""
+    return [(first, geometry.make_transform(np.eye(3), np.array([0.5 * i, 0.0, 0.0]))) for i in range(count)]
+
+
+def test_a_scan_is_refined_against_the_newest_map_built_and_a_keyframe_against_the_current_one(raw_pair, monkeypatch):
+    (first, _), _ = raw_pair
+    monkeypatch.setattr(local_map, "start_helper_process", lambda: None)
+    monkeypatch.setattr(local_map, "in_low_priority_process", _Running)
+    local = LocalMap(voxel=0.5, keyframes=3, background=True)
+    scan = local.scan(first)
+    (a, pose_a), (b, pose_b), (c, pose_c), (d, pose_d) = [(local.scan(s), p) for s, p in _steps(first, 4)]
+
+    local.add(a, pose_a)
+    assert local.refine(scan, pose_a, 0.3, 2.0).map_behind == 0  # no map yet: it waits for the first
+    local.add(b, pose_b)
+    behind = local.refine(scan, pose_a, 0.3, 2.0)  # b's map still building: a's
+    assert behind.map_behind == 1 and local.held == 1 and behind.used
+    build_b = local._builds[-1][0]
+    local.add(c, pose_c)
+    assert build_b.cancelled()  # superseded before it started: never built
+    current = local.refine(scan, pose_c, 0.3, 2.0, newest=True)  # a scan that becomes a keyframe
+    assert current.map_behind == 0 and local.held == 3
+
+    local.add(d, pose_d)  # the map holds b, c, d now
+    background = local.points()
+    foreground = LocalMap(voxel=0.5, keyframes=3, background=False)
+    for points, pose in ((b, pose_b), (c, pose_c), (d, pose_d)):
+        foreground.add(points, pose)
+    expected = foreground.points()
+    assert np.array_equal(background[0], expected[0]) and np.allclose(background[1], expected[1])
+
+    local.add(a, pose_a)
+    local.clear()
+    assert all(build.cancelled() for build, *_ in local._builds) and not local._builds
+    assert "empty" in local.refine(scan, pose_a, 0.3, 2.0).message
+
+
+def test_a_map_whose_helper_process_died_is_built_here(raw_pair, monkeypatch):
+    (first, second), registered = raw_pair
+    monkeypatch.setattr(local_map, "start_helper_process", lambda: None)
+    monkeypatch.setattr(local_map, "in_low_priority_process", _Died)
+    local = LocalMap(voxel=0.15, keyframes=3, background=True)
+    local.add(local.scan(first), np.eye(4))
+    refined = local.refine(local.scan(second), _off(registered, 0.1, 0.0), 0.3, 2.0)
+    assert refined.used and geometry.transform_errors(refined.pose, registered)[1] < 0.02
+
+
+def test_the_helper_process_builds_the_same_map_at_low_priority(raw_pair):
+    (first, second), registered = raw_pair
+    maps = {}
+    for background in (True, False):
+        local = LocalMap(voxel=0.3, keyframes=2, background=background)
+        local.add(local.scan(first), np.eye(4))
+        local.add(local.scan(second), registered)
+        maps[background] = local.points()
+    assert np.array_equal(maps[True][0], maps[False][0]) and np.allclose(maps[True][1], maps[False][1])
+    assert os.getpriority(os.PRIO_PROCESS, helper_process_pid()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + HELPER_NICE)

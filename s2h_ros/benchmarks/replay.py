@@ -29,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _rss_mb(pid: int) -> float | None:
+    """MB resident of process ``pid`` and its descendants (the node's helper process,
+    ``s2h_ros.handover.in_low_priority_process``), summed: pages they share count once per process."""
+    sizes = [mb for p in _process_tree(pid) if (mb := _own_rss_mb(p)) is not None]
+    return sum(sizes) if sizes else None
+
+
+def _own_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -36,6 +43,19 @@ def _rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux's /proc/PID/task/TID/children)."""
+    tree, i = [pid], 0
+    while i < len(tree):
+        for children in Path(f"/proc/{tree[i]}/task").glob("*/children"):
+            try:
+                tree += [int(c) for c in children.read_text().split()]
+            except OSError:
+                pass
+        i += 1
+    return tree
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from s2h_ros.benchmarks.common import kiss_icp_baseline, synchronize
+from s2h_ros.handover import helper_peak_rss_mb
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +179,7 @@ def _step_record(step, index: int, arrival: float, started: float, finished: flo
             "trusted": bool(step.success), "deskewed": bool(step.deskewed), "event": step.event,
             "message": step.message, "new_keyframe": bool(step.new_keyframe),
             "search": step.result.search if step.result is not None else None, "segment": step.segment,
+            "map_behind": step.refinement.map_behind if step.refinement is not None else None,
             "pose": None if step.pose is None else np.asarray(step.pose).tolist(), "stages": stages}
 
 
@@ -300,6 +302,7 @@ def run(args: argparse.Namespace) -> dict:
         "metrics_by_segment": _segment_metrics(sequence, records),
         "wrong_trusted": _wrong_trusted(sequence, records),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "helper_peak_rss_mb": helper_peak_rss_mb(),
         "peak_gpu_mb": (torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
                         if args.device.startswith("cuda") else None),
         "params_files": [Path(f).name for f in params_files], "config_overrides": args.param,
