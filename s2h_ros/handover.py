@@ -36,6 +36,7 @@ import multiprocessing.connection
 import os
 import signal
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -257,6 +258,15 @@ def _helper_pool() -> ProcessPoolExecutor:
         _helper = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                       initializer=_helper_started, initargs=(HELPER_NICE,))
     return _helper
+
+
+def helper_process_possible() -> bool:
+    """Whether a helper process can be spawned from this program: a spawned process runs the main
+    module again from its path, which a script read from standard input does not have (``-c``,
+    ``-m``, a file, a notebook and the node have it, or need none)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return getattr(main, "__spec__", None) is not None or path is None or os.path.exists(path)
 
 
 def start_helper_process() -> None:

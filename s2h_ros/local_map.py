@@ -54,7 +54,7 @@ import numpy as np
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.handover import in_background, in_low_priority_process, start_helper_process
+from s2h_ros.handover import in_background, helper_process_possible, in_low_priority_process, start_helper_process
 from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, refine_icp
 from s2h_ros.surface import estimate_surface, planar_surface
 
@@ -98,7 +98,8 @@ class LocalMap:
         self.normal_voxel = max(self.voxel, registration.voxel_size)
         self.check_voxel = registration.voxel_size
         self.device = registration.device
-        self.background = background  # module text
+        # module text; a program that cannot spawn the helper (a script read from stdin) builds on a thread
+        self.background = background and helper_process_possible()
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
         self._map: MapSurface | None = None  # the newest built map taken up
         # maps started by ``add``, oldest first: the build, its scans, and ``_added`` when it started
@@ -106,7 +107,7 @@ class LocalMap:
         self._added = self._map_added = 0  # keyframes added so far; when the map taken up was started
         self.behind = 0  # keyframes added since the map that the last refinement used was started
         self.held = 0  # keyframe scans in that map
-        if background:
+        if self.background:
             start_helper_process()
 
     def __len__(self) -> int:

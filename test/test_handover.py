@@ -183,3 +183,14 @@ def test_the_helper_process_ends_when_its_parent_is_killed():
         assert ended, f"helper process {helper} still runs 60 s after its parent was killed"
     finally:
         os.close(handle)
+
+
+def test_a_script_read_from_stdin_cannot_spawn_the_helper_and_its_local_map_builds_on_a_thread():
+    script = ("from s2h_ros.handover import helper_process_possible\n"
+              "from s2h_ros.local_map import LocalMap\n"
+              "print(helper_process_possible(), LocalMap(0.5, 2).background)\n")
+    from_stdin = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300)
+    inline = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert from_stdin.stdout.split() == ["False", "False"], from_stdin.stderr[-2000:]
+    assert inline.stdout.split() == ["True", "True"], inline.stderr[-2000:]
+    assert "Traceback" not in from_stdin.stderr

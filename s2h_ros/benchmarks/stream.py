@@ -329,6 +329,8 @@ def summary(out: dict) -> str:
         f"  latency p50 {out['latency_ms']['p50']:.0f} ms, p95 {out['latency_ms']['p95']:.0f} ms; "
         f"step p50 {out['step_ms']['p50']:.0f} ms, p95 {out['step_ms']['p95']:.0f} ms",
         "  mean ms per scan: " + ", ".join(f"{k} {v:.1f}" for k, v in out["stage_ms_mean"].items() if v >= 0.05),
+        f"  peak memory: {out['peak_rss_mb']:.0f} MB resident"
+        + ("" if out.get("helper_peak_rss_mb") is None else f", the helper process {out['helper_peak_rss_mb']:.0f} MB"),
     ]
     if "ate_rmse_m" in m:
         lines.append(f"  trusted poses: ATE {100 * m['ate_rmse_m']:.1f} cm, KITTI drift "
