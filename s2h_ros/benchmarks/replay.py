@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _rss_mb(pid: int) -> float | None:
     """MB resident of process ``pid`` and its descendants (the node's helper process,
-    ``s2h_ros.handover.in_low_priority_process``), summed: pages they share count once per process."""
+    ``s2h_ros.handover.in_low_priority_process``), summed: a page that several of them map counts in each."""
     sizes = [mb for p in _process_tree(pid) if (mb := _own_rss_mb(p)) is not None]
     return sum(sizes) if sizes else None
 
