@@ -119,7 +119,7 @@ def test_the_local_map_built_on_a_helper_thread_is_the_one_built_in_line(raw_sca
     pose = geometry.make_transform(np.eye(3), np.array([0.8, 0.0, 0.0]))
 
     def built():
-        lm = local_map.LocalMap(voxel=0.3, keyframes=3)
+        lm = local_map.LocalMap(voxel=0.3, keyframes=3, background=False)  # the thread (test_local_map: the process)
         lm.add(lm.scan(raw_scan), np.eye(4))
         lm.add(lm.scan(second), pose)
         return lm.points()
@@ -162,7 +162,8 @@ def test_the_odometry_with_keyframes_prepared_on_helper_threads_gives_the_poses_
     from s2h_ros.config import OdometryConfig, RegistrationConfig
 
     def drive():
-        odo = odometry.KeyframeOdometry(RegistrationConfig(), OdometryConfig(keyframe_distance=0.25))  # 3 new ones (it starts slowly)
+        odo = odometry.KeyframeOdometry(RegistrationConfig(), OdometryConfig(  # 3 new ones (it starts slowly)
+            keyframe_distance=0.25, map_in_background=False))  # the map on a thread, not the helper process
         return [odo.step(vlp16_drive[i].points, float(vlp16_drive[i].stamp)) for i in range(len(vlp16_drive))]
 
     started = _started_threads(monkeypatch)
