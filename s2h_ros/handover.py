@@ -279,17 +279,6 @@ def helper_process_pid() -> int | None:
     return None if _helper is None else in_low_priority_process(os.getpid).result()
 
 
-def helper_peak_rss_mb() -> float | None:
-    """The helper process's peak resident memory (MB, Linux's VmHWM), None when it was never started
-    or it cannot be read here: what the node holds beyond its own process."""
-    pid = helper_process_pid()
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration, TypeError):
-        return None
-
-
 def _helper_started(nice: int) -> None:
     """In the helper process, before any work: one thread for torch, OpenMP and BLAS (read as
     they load, after this), the niceness, Ctrl-C left to its parent (a terminal sends it to the

@@ -14,7 +14,7 @@ they run (s2h_ros.surface). It is built from the moment a keyframe is added, one
 
 - **in the helper process** (default; :func:`s2h_ros.handover.in_low_priority_process`, at a lower
   priority, on the CPU: the same numbers as the device's path). Scans go on being refined against the
-  newest map built by then, ``behind`` keyframes behind the current ones
+  newest map built by then, some keyframes behind the current ones
   (``Refinement.map_behind``), while the new one takes what the scans' threads leave of the cores
   and none of their interpreter lock. A scan that becomes a keyframe (``newest``) is refined
   against the map of the current keyframes, waiting for it: keyframes carry the track on, and a
@@ -102,11 +102,10 @@ class LocalMap:
         self.background = background and helper_process_possible()
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
         self._map: MapSurface | None = None  # the newest built map taken up
-        # maps started by ``add``, oldest first: the build, its scans, and ``_added`` when it started
-        self._builds: deque[tuple[Future, list, int]] = deque()
+        # maps started by ``add``, oldest first: the build, ``build_map``'s arguments, and ``_added`` when it started
+        self._builds: deque[tuple[Future, tuple, int]] = deque()
         self._added = self._map_added = 0  # keyframes added so far; when the map taken up was started
-        self.behind = 0  # keyframes added since the map that the last refinement used was started
-        self.held = 0  # keyframe scans in that map
+        self.held = 0  # keyframe scans in the map that the last refinement used
         if self.background:
             start_helper_process()
 
@@ -136,11 +135,10 @@ class LocalMap:
         self._added += 1
         for build, *_ in self._builds:
             build.cancel()
-        scans = list(self._scans)
-        args = (scans, self.voxel, self.normal_voxel, self.icp.icp_min_planarity)
+        args = (list(self._scans), self.voxel, self.normal_voxel, self.icp.icp_min_planarity)
         build = (in_low_priority_process(build_map, *args) if self.background
                  else in_background(build_map, *args, self.device, name="local map"))
-        self._builds.append((build, scans, self._added))
+        self._builds.append((build, args, self._added))
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The map of the current keyframes (waiting for it): ``(P, 3)`` points in the odometry
@@ -156,24 +154,25 @@ class LocalMap:
         else:  # one helper process: maps finish in the order they were started
             ready = next((i for i, (build, *_) in enumerate(self._builds) if not build.done()), len(self._builds))
         taken = [self._builds.popleft() for _ in range(ready)]
-        usable = [(build, scans, added) for build, scans, added in taken if not build.cancelled()]
+        usable = [(build, args, added) for build, args, added in taken if not build.cancelled()]
         if usable:
-            build, scans, self._map_added = usable[-1]
-            self._map = self._built(build, scans)
+            build, args, self._map_added = usable[-1]
+            self._map = self._built(build, args)
         return self._map
 
-    def _built(self, build: Future, scans: list) -> MapSurface:
-        """A build's map; built here when the helper process died under it."""
+    def _built(self, build: Future, args: tuple) -> MapSurface:
+        """A build's map; built here from its ``build_map`` arguments when the helper process died under it."""
         try:
             return build.result()
         except BrokenProcessPool:
-            return build_map(scans, self.voxel, self.normal_voxel, self.icp.icp_min_planarity, self.device)
+            return build_map(*args, self.device)
 
     def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float,
                newest: bool = False) -> Refinement:
         """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map: the
-        newest built by now, ``behind`` keyframes behind the current ones, or with ``newest`` that of
-        the current keyframes, waiting for it (a scan that becomes a keyframe: module text). Used
+        newest built by now, or with ``newest`` that of
+        the current keyframes, waiting for it (a scan that becomes a keyframe: module text);
+        ``map_behind`` says how many keyframes behind the map was. Used
         when it moves the pose by less than ``max_move_m`` and ``max_turn_deg``: a bigger move is not
         a refinement of a trusted pose but a different answer, so the trusted pose stands and
         ``message`` says so."""
@@ -181,10 +180,10 @@ class LocalMap:
         if not self._scans:
             return Refinement(pose, False, "the local map is empty", 0.0, 0.0, 0.0)
         surface = self._surface(newest)
-        self.behind, self.held = self._added - self._map_added, surface.keyframes
+        self.held = surface.keyframes
         refined = refine_icp(scan, surface.target.xyz, pose, self.icp, surface.target.normals)
         refinement = Refinement.bounded(pose, refined, max_move_m, max_turn_deg,
                                         "the refinement against the local map moved the trusted pose",
                                         1e3 * (time.perf_counter() - t0))
-        refinement.map_behind = self.behind
+        refinement.map_behind = self._added - self._map_added
         return refinement

@@ -725,7 +725,7 @@ class KeyframeOdometry:
         result.timings["total"] = result.timings.get("total", 0.0) + refinement.ms
         if not refinement.used and refinement.refined is not None:
             result.success = False
-            kept, behind = self.local_map.held, self.local_map.behind
+            kept, behind = self.local_map.held, refinement.map_behind
             since = f", built {behind} keyframe{'s' if behind != 1 else ''} ago" if behind else ""
             result.message = (f"{refinement.message.removesuffix(': not used')}: the local map of {kept} "
                               f"keyframe{'s' if kept != 1 else ''}{since} and keyframe {keyframe.id} disagree, not trusted")

@@ -31,18 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _rss_mb(pid: int) -> float | None:
     """MB resident of process ``pid`` and its descendants (the node's helper process,
     ``s2h_ros.handover.in_low_priority_process``), summed: a page that several of them map counts in each."""
-    sizes = [mb for p in _process_tree(pid) if (mb := _own_rss_mb(p)) is not None]
-    return sum(sizes) if sizes else None
+    from s2h_ros.evaluation.harness import proc_status_kb
 
-
-def _own_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
+    sizes = [kb for p in _process_tree(pid) if (kb := proc_status_kb("VmRSS", p)) is not None]
+    return sum(sizes) / 1024.0 if sizes else None
 
 
 def _process_tree(pid: int) -> list[int]:

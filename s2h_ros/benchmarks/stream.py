@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from s2h_ros.benchmarks.common import kiss_icp_baseline, synchronize
-from s2h_ros.handover import helper_peak_rss_mb
+from s2h_ros.handover import helper_process_pid
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +167,16 @@ def _stage_means(records: list[dict]) -> dict[str, float]:
     """Mean ms per processed scan of each stage (0 where it did not run): they sum to the mean step."""
     names = sorted({k for r in records for k in r["stages"]})
     return {k: float(np.mean([r["stages"].get(k, 0.0) for r in records])) for k in names}
+
+
+def _helper_peak_rss_mb() -> float | None:
+    """The helper process's peak resident memory (MB, Linux's VmHWM; s2h_ros.handover), None when it
+    was never started or cannot be read: what the odometry holds beyond this process."""
+    from s2h_ros.evaluation.harness import proc_status_kb
+
+    pid = helper_process_pid()
+    kb = None if pid is None else proc_status_kb("VmHWM", pid)
+    return None if kb is None else kb / 1024
 
 
 def _step_record(step, index: int, arrival: float, started: float, finished: float, ahead_ms: float) -> dict:
@@ -302,7 +312,7 @@ def run(args: argparse.Namespace) -> dict:
         "metrics_by_segment": _segment_metrics(sequence, records),
         "wrong_trusted": _wrong_trusted(sequence, records),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "helper_peak_rss_mb": helper_peak_rss_mb(),
+        "helper_peak_rss_mb": _helper_peak_rss_mb(),
         "peak_gpu_mb": (torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
                         if args.device.startswith("cuda") else None),
         "params_files": [Path(f).name for f in params_files], "config_overrides": args.param,

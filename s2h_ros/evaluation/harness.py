@@ -30,9 +30,10 @@ from s2h_ros.geometry import apply_transform, invert_transform
 # ------------------------------------------------------------------------------- memory
 
 
-def _proc_status_kb(key: str) -> int | None:
+def proc_status_kb(key: str, pid: int | str = "self") -> int | None:
+    """A ``kB`` field (``VmRSS``, ``VmHWM``) of Linux's /proc/PID/status; None where it cannot be read."""
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1])
@@ -75,7 +76,7 @@ def measure() -> Iterator[Measurement]:
         cuda.cuda.reset_peak_memory_stats()
         cuda_base = cuda.cuda.memory_allocated()
     exact = _reset_rss_peak()
-    rss0 = _proc_status_kb("VmRSS") if exact else None
+    rss0 = proc_status_kb("VmRSS") if exact else None
     maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     try:
@@ -84,7 +85,7 @@ def measure() -> Iterator[Measurement]:
         if cuda is not None:
             cuda.cuda.synchronize()
         m.wall_s = time.perf_counter() - t0
-        hwm = _proc_status_kb("VmHWM") if exact else None
+        hwm = proc_status_kb("VmHWM") if exact else None
         if hwm is not None and rss0 is not None:
             m.peak_rss_mb, m.rss_method = max(0, hwm - rss0) / 1024, "vmhwm"
         else:  # ru_maxrss is KiB on Linux
