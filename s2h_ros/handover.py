@@ -269,9 +269,25 @@ def helper_process_possible() -> bool:
     return getattr(main, "__spec__", None) is not None or path is None or os.path.exists(path)
 
 
-def start_helper_process() -> None:
-    """Start the helper process now, so that its imports run before the first work needs it."""
-    in_low_priority_process(os.getpid)
+def start_helper_process(*modules: str, optional: tuple[str, ...] = ()) -> Future:
+    """Start the helper process now and import ``modules`` there (e.g. "s2h_ros.local_map"), and
+    ``optional`` ones where they are installed (e.g. "open3d"), so that the first work does not pay
+    for them; the future is done, with the helper's pid, when they are imported (and raises what
+    an import of ``modules`` raised). A spawn and its imports cost about 4 s of CPU on the 2-core VM."""
+    return in_low_priority_process(_import_modules, modules, optional)
+
+
+def _import_modules(modules: tuple[str, ...], optional: tuple[str, ...]) -> int:
+    import importlib
+
+    for module in modules:
+        importlib.import_module(module)
+    for module in optional:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+    return os.getpid()
 
 
 def helper_process_pid() -> int | None:

@@ -59,6 +59,11 @@ from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, r
 from s2h_ros.surface import estimate_surface, planar_surface
 
 
+# Seconds the construction waits for the helper process to start and import this module (about
+# 3 s of CPU on the 2-core VM; a loaded machine may take several times that).
+HELPER_START_TIMEOUT_S = 120.0
+
+
 class MapSurface(NamedTuple):
     """A local map (``build_map``): its points, their normals and what the ICP aligns a scan to."""
 
@@ -100,6 +105,8 @@ class LocalMap:
         self.device = registration.device
         # module text; a program that cannot spawn the helper (a script read from stdin) builds on a thread
         self.background = background and helper_process_possible()
+        self.fallback = ("" if self.background or not background else
+                         "a script read from standard input cannot spawn the helper process: built on a thread")
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
         self._map: MapSurface | None = None  # the newest built map taken up
         # maps started by ``add``, oldest first: the build, ``build_map``'s arguments, and ``_added`` when it started
@@ -107,7 +114,21 @@ class LocalMap:
         self._added = self._map_added = 0  # keyframes added so far; when the map taken up was started
         self.held = 0  # keyframe scans in the map that the last refinement used
         if self.background:
-            start_helper_process()
+            self._start_helper()
+
+    def _start_helper(self) -> None:
+        """Wait until the helper process runs with this module imported (``start_helper_process``),
+        so that its start costs the scans nothing; one that does not start leaves the map to a thread,
+        and ``fallback`` says why."""
+        try:
+            start_helper_process(__name__, optional=("open3d",)).result(timeout=HELPER_START_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - any failure to start: the thread builds the same maps
+            self.background = False
+            self.fallback = f"the helper process did not start ({type(exc).__name__}: {exc}): built on a thread"
+
+    def where(self) -> str:
+        """Where maps are built, for a log line: "helper process" or "thread" (and why, when asked otherwise)."""
+        return "helper process" if self.background else "thread" + (f" ({self.fallback})" if self.fallback else "")
 
     def __len__(self) -> int:
         return len(self._scans)

@@ -82,10 +82,11 @@ Each scan goes through these stages:
 7. **Keyframes**: a new one after enough travel or rotation, or when the inlier ratio drops. What
    the next scans need of it (k-d tree, normals, planarity) is computed from then on a helper
    thread, and a step waits only for what is not ready when it asks. On the CPU Open3D computes
-   most of it and holds the interpreter lock while it does (s2h_ros.surface), so the worker stalls
-   for those calls, but not for the rest. The local map with it is built in a low-priority helper
-   process (``map_in_background``): scans are refined against the newest map built by then, and a
-   scan that becomes a keyframe against the map of the current keyframes (``s2h_ros.local_map``).
+   the surface and holds the interpreter lock while it does (s2h_ros.surface), so with the local
+   map's helper process the keyframe's surface is computed there (``_warm_keyframe``). The local
+   map with it is built in that low-priority process (``map_in_background``): scans are refined
+   against the newest map built by then, and a scan that becomes a keyframe against the map of
+   the current keyframes (``s2h_ros.local_map``).
 
 A failed scan yields no pose: callers (the ROS node, replay evaluation) publish nothing they
 cannot trust.
@@ -104,7 +105,7 @@ import numpy as np
 from s2h_ros import geometry
 from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.deskew import DeskewError, deskew
-from s2h_ros.handover import in_background
+from s2h_ros.handover import in_background, in_low_priority_process
 from s2h_ros.local_map import LocalMap
 from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist, speed_change
 from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
@@ -874,11 +875,18 @@ class KeyframeOdometry:
                       covariance: np.ndarray) -> None:
         self.keyframe_id += 1
         self.keyframes.append(Keyframe(prepared, pose, stamp, self.keyframe_id, covariance, self._undeskewed))
-        # The next scans register against it: its k-d tree, normals and planarity from now, on a
-        # helper thread (the next step waits for what is still being computed when it asks).
-        in_background(prepared.warm, self.registrar.config, name="keyframe")
+        self._warm_keyframe(prepared)
         if self.local_map is not None:
             self.local_map.add(scan, pose)
+
+    def _warm_keyframe(self, cloud: PreparedCloud) -> None:
+        """The next scans register against ``cloud``: its k-d tree, normals, planarity and ICP target
+        from now, on a helper thread (the next step waits for what is still being computed when it
+        asks); on the CPU, with the local map's helper process, its surface there, ahead of the map
+        (``PreparedCloud.surface_in``: Open3D's searches hold the interpreter lock)."""
+        if self.local_map is not None and self.local_map.background:
+            cloud.surface_in(in_low_priority_process, self.registrar.config)
+        in_background(cloud.warm, self.registrar.config, name="keyframe")
 
     def _motion_current(self, stamp: float | None) -> bool:
         """The prior's twist describes the motion at ``stamp``: a trusted motion is known and
@@ -902,7 +910,7 @@ class KeyframeOdometry:
         if again.error:
             return
         seed.cloud = again.cloud
-        in_background(again.cloud.warm, self.registrar.config, name="keyframe")
+        self._warm_keyframe(again.cloud)
         if self.local_map is not None:
             self.local_map.clear()
             self.local_map.add(again.map_scan, seed.pose)

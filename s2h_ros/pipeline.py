@@ -33,6 +33,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -50,7 +52,7 @@ from s2h_ros.hash_grid import DeviceIndex
 from s2h_ros.repetition import Repetition, repetition
 from s2h_ros.ransac import ransac
 from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
-from s2h_ros.surface import Surface, estimate_normals, estimate_surface, on_device, planar_surface
+from s2h_ros.surface import Surface, estimate_normals, estimate_surface, icp_surface, on_device, planar_surface
 
 # Points farther than this from their cloud's median are not measurements: no lidar or depth
 # sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
@@ -106,6 +108,8 @@ class PreparedCloud:
     _tree_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _range_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _pattern_axis: np.ndarray | None = field(default=None, repr=False)  # asked by the verification only
+    # A keyframe's surface and ICP target being computed elsewhere (``surface_in``): (future, min_planarity)
+    _elsewhere: tuple[Future, float] | None = field(default=None, repr=False)
 
     def input_frame_xyz(self) -> np.ndarray:
         """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
@@ -161,6 +165,7 @@ class PreparedCloud:
         (:mod:`s2h_ros.surface`, on the features' device), computed once; normals computed before
         stay the cloud's normals."""
         with self._lock:
+            self._take_elsewhere()
             if self._surface is None:
                 found = estimate_surface(self.xyz, voxel_size, self.device)
                 if self._normals is None:
@@ -173,6 +178,8 @@ class PreparedCloud:
         without line-like neighbourhoods, :func:`s2h_ros.surface.planar_surface`), computed once."""
         if not cfg.icp_min_planarity > 0:
             return IcpTarget(self.xyz, self.normals(cfg.voxel_size))
+        with self._lock:
+            self._take_elsewhere()
         found, axis = self.surface(cfg.voxel_size), self.pattern_axis()
         with self._lock:
             if self._icp_target is None or self._icp_target[0] != cfg.icp_min_planarity:
@@ -180,6 +187,35 @@ class PreparedCloud:
                 self._icp_target = (cfg.icp_min_planarity, IcpTarget(self.xyz[keep], unit))
                 self._surface = found._replace(covariances=None)  # 72 bytes a voxel, not kept with a keyframe
             return self._icp_target[1]
+
+    def surface_in(self, submit: Callable[..., Future], cfg: RegistrationConfig) -> None:
+        """Have ``submit(fn, *args) -> Future`` (``s2h_ros.handover.in_low_priority_process``) compute
+        the surface and the ICP target (``s2h_ros.surface.icp_surface``), which ``surface`` and
+        ``icp_target`` then take, waiting for them. On the CPU only: there Open3D computes them and
+        holds the interpreter lock while it does (a keyframe's 8000 voxels: about 40 ms in which the
+        scan's threads stall); a GPU device's torch path holds none. Computed here after all when
+        the other side fails."""
+        if on_device(self.device) or not cfg.icp_min_planarity > 0:
+            return
+        axis = self.pattern_axis()
+        with self._lock:
+            if self._surface is None and self._elsewhere is None:
+                self._elsewhere = (submit(icp_surface, self.xyz, cfg.voxel_size, cfg.icp_min_planarity, axis,
+                                          self._normals), cfg.icp_min_planarity)
+
+    def _take_elsewhere(self) -> None:
+        """Under ``_lock``: what ``surface_in`` asked for, waiting for it; nothing when it failed."""
+        if self._elsewhere is None:
+            return
+        (pending, min_planarity), self._elsewhere = self._elsewhere, None
+        try:
+            found, keep, unit = pending.result()
+        except Exception:  # noqa: BLE001 - e.g. the helper process died: computed here when asked
+            return
+        if self._normals is None:
+            self._normals = found.normals
+        self._surface = found._replace(normals=self._normals)
+        self._icp_target = (min_planarity, IcpTarget(self.xyz[keep], unit))
 
     def spatial_index(self):
         """The voxels' neighbour search with cKDTree's ``query``, built once (a keyframe serves many
@@ -218,7 +254,7 @@ class PreparedCloud:
         features = self.features if features is None else features
         return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
                                    _normals=None, _surface=None, _icp_target=None, _tree=None, _range_image=None,
-                                   _pattern_axis=None)
+                                   _pattern_axis=None, _elsewhere=None)
 
 
 @dataclass

@@ -29,9 +29,9 @@ again, and the eigen-decomposition is ``symmetric_eigen3`` in closed form on the
   lock for the whole of each call (measured: a Python thread beside three normal estimations made
   no progress for their 2.4 s). The odometry prepares the next scan and the new keyframe on
   helper threads while its worker registers; each Open3D call there stalls the worker for as long
-  as it runs, torch's ops do not. (On the CPU the helpers still use Open3D, faster there: the
-  worker stalls for its searches, not for the rest, docs/performance.md.) The local map, the
-  largest of them, is built in a helper process by default (s2h_ros.local_map), away from the lock.
+  as it runs, torch's ops do not. On the CPU Open3D stays, faster there; the two largest of these
+  calls run in the local map's helper process by default, away from the lock: the map's surface
+  (s2h_ros.local_map) and a new keyframe's (``icp_surface``, ``PreparedCloud.surface_in``).
 """
 from __future__ import annotations
 
@@ -259,6 +259,20 @@ def planar_surface(xyz: np.ndarray, surface: Surface, voxel: float, min_planarit
     if facing_area(xyz[picked], normals[picked], voxel) < MIN_PLANAR_AREA:
         return np.arange(len(xyz)), given
     return picked, normals[picked]
+
+
+def icp_surface(xyz: np.ndarray, voxel: float, min_planarity: float, axis: np.ndarray,
+                normals: np.ndarray | None = None) -> tuple[Surface, np.ndarray, np.ndarray]:
+    """What a keyframe's registrations ask of its ``(M, 3)`` voxels, in one call on the CPU: their
+    surface (``estimate_surface``, its normals replaced by ``normals`` when given, without the
+    covariances) and the voxels point-to-plane ICP aligns a scan to (``planar_surface`` about
+    ``axis``: ``(K,)`` indices, ``(K, 3)`` normals). Meant for the helper process
+    (``PreparedCloud.surface_in``), where Open3D's searches hold no lock a scan's thread waits for."""
+    found = estimate_surface(xyz, voxel)
+    if normals is not None:
+        found = found._replace(normals=normals)
+    keep, unit = planar_surface(xyz, found, voxel, min_planarity, axis)
+    return found._replace(covariances=None), keep, unit
 
 
 def facing_area(xyz: np.ndarray, normals: np.ndarray, voxel: float) -> float:

@@ -128,9 +128,33 @@ def _steps(first: np.ndarray, count: int) -> list[tuple[np.ndarray, np.ndarray]]
     return [(first, geometry.make_transform(np.eye(3), np.array([0.5 * i, 0.0, 0.0]))) for i in range(count)]
 
 
+def _started(*modules: str, optional: tuple[str, ...] = ()) -> Future:
+    """The helper process's start, done (in place of spawning one)."""
+    started = Future()
+    started.set_result(0)
+    return started
+
+
+def test_a_helper_process_that_does_not_start_leaves_the_map_to_a_thread_and_says_so(raw_pair, monkeypatch):
+    (first, second), registered = raw_pair
+
+    def not_started(*modules: str, optional: tuple[str, ...] = ()) -> Future:
+        failed = Future()
+        failed.set_exception(BrokenProcessPool("the helper process died while starting"))
+        return failed
+
+    monkeypatch.setattr(local_map, "start_helper_process", not_started)
+    monkeypatch.setattr(local_map, "in_low_priority_process", _Died)  # never asked: the thread builds
+    local = LocalMap(voxel=0.15, keyframes=3, background=True)
+    assert not local.background and "did not start" in local.where() and "died while starting" in local.fallback
+    local.add(local.scan(first), np.eye(4))
+    refined = local.refine(local.scan(second), _off(registered, 0.1, 0.0), 0.3, 2.0)
+    assert refined.used and geometry.transform_errors(refined.pose, registered)[1] < 0.02
+
+
 def test_a_scan_is_refined_against_the_newest_map_built_and_a_keyframe_against_the_current_one(raw_pair, monkeypatch):
     (first, _), _ = raw_pair
-    monkeypatch.setattr(local_map, "start_helper_process", lambda: None)
+    monkeypatch.setattr(local_map, "start_helper_process", _started)
     monkeypatch.setattr(local_map, "in_low_priority_process", _Running)
     local = LocalMap(voxel=0.5, keyframes=3, background=True)
     scan = local.scan(first)
@@ -163,7 +187,7 @@ def test_a_scan_is_refined_against_the_newest_map_built_and_a_keyframe_against_t
 
 def test_a_map_whose_helper_process_died_is_built_here(raw_pair, monkeypatch):
     (first, second), registered = raw_pair
-    monkeypatch.setattr(local_map, "start_helper_process", lambda: None)
+    monkeypatch.setattr(local_map, "start_helper_process", _started)
     monkeypatch.setattr(local_map, "in_low_priority_process", _Died)
     local = LocalMap(voxel=0.15, keyframes=3, background=True)
     local.add(local.scan(first), np.eye(4))

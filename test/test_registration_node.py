@@ -133,6 +133,7 @@ def test_replayed_curved_drive_tracks_ground_truth_and_survives_bad_clouds(curve
         assert report["metrics"]["ate_rmse_m"] < ATE_BOUND_M, report
         assert (tmp_path / "trajectory.png").stat().st_size > 1000
         assert "room's scale" not in log_path.read_text()  # a street at 0.3 m voxels: no scale hint
+        assert "local map: helper process" in log_path.read_text()  # the node spawned its map's helper
 
         # Odometry: a pose covariance from the registration (not zeros), and the twist.
         assert replayer.wait_for(lambda: len(listener.odometry) >= report["scans_trusted"], 10.0)

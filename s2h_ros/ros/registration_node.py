@@ -124,7 +124,8 @@ class RegistrationNode(Node):
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(
             f"registering {p['cloud_topic']} ({p['qos']} QoS) on {self.settings.registration.device}, "
-            f"features={features}, matcher={self.settings.registration.matcher}"
+            f"features={features}, matcher={self.settings.registration.matcher}, local map: "
+            f"{self.odometry.local_map.where() if self.odometry.local_map is not None else 'none'}"
         )
 
     def _create_interfaces(self, p: dict[str, Any]) -> None:
