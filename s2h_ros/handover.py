@@ -40,9 +40,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,14 +243,36 @@ def in_low_priority_process(fn: Callable[..., Any], *args: Any) -> Future:
     lock for the whole call (a local map's 0.2 s of them stalled the scan's threads), and a thread's
     share of the cores cannot be lowered below theirs. Forked children of a process with threads
     (torch, DDS) may deadlock, so the process is spawned: it imports the library again (about 3 s,
-    about 250 MB resident, most of it the shared libraries' pages that the node maps too)."""
+    about 250 MB resident, most of it the shared libraries' pages that the node maps too), but not
+    the program's main script (``_main_script_hidden``)."""
     global _helper
-    with _helper_lock:
+    with _helper_lock, _main_script_hidden():
         try:
             return _helper_pool().submit(fn, *args)
         except BrokenProcessPool:  # the process died since the last call: start another
             _helper = None
             return _helper_pool().submit(fn, *args)
+
+
+@contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """While a helper process is spawned (the pool starts it inside ``submit``), the main module
+    shows neither its file nor its spec, as under ``python -c``: a spawned process would otherwise
+    import the program's main script again. The helper runs only functions of this library and
+    needs nothing of it, and a script without a ``__main__`` guard would run again in there (an
+    installed node's entry point did: the helper started a second node and died), or, read from
+    standard input, could not be found at all."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    hidden = {name: main.__dict__.pop(name) for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(hidden)
 
 
 def _helper_pool() -> ProcessPoolExecutor:
@@ -258,15 +281,6 @@ def _helper_pool() -> ProcessPoolExecutor:
         _helper = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                       initializer=_helper_started, initargs=(HELPER_NICE,))
     return _helper
-
-
-def helper_process_possible() -> bool:
-    """Whether a helper process can be spawned from this program: a spawned process runs the main
-    module again from its path, which a script read from standard input does not have (``-c``,
-    ``-m``, a file, a notebook and the node have it, or need none)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return getattr(main, "__spec__", None) is not None or path is None or os.path.exists(path)
 
 
 def start_helper_process(*modules: str, optional: tuple[str, ...] = ()) -> Future:

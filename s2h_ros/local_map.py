@@ -54,7 +54,7 @@ import numpy as np
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.handover import in_background, helper_process_possible, in_low_priority_process, start_helper_process
+from s2h_ros.handover import in_background, in_low_priority_process, start_helper_process
 from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, refine_icp
 from s2h_ros.surface import estimate_surface, planar_surface
 
@@ -103,10 +103,8 @@ class LocalMap:
         self.normal_voxel = max(self.voxel, registration.voxel_size)
         self.check_voxel = registration.voxel_size
         self.device = registration.device
-        # module text; a program that cannot spawn the helper (a script read from stdin) builds on a thread
-        self.background = background and helper_process_possible()
-        self.fallback = ("" if self.background or not background else
-                         "a script read from standard input cannot spawn the helper process: built on a thread")
+        self.background = background  # module text; False after all when the helper does not start
+        self.fallback = ""  # why not, then
         self._scans: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(keyframes))  # (points, pose)
         self._map: MapSurface | None = None  # the newest built map taken up
         # maps started by ``add``, oldest first: the build, ``build_map``'s arguments, and ``_added`` when it started

@@ -221,6 +221,8 @@ def test_registration_node_from_the_install_space_tracks_a_replay(workspace, hdl
         mapped = {line.split()[-1] for line in Path(f"/proc/{node.pid}/maps").read_text().splitlines()
                   if "s2h_ros" in line and "/" in line}
         assert mapped and all(Path(m).is_relative_to(install) for m in mapped), mapped
+        # The installed script spawns the local map's helper process (which imports it again) and keeps it.
+        assert "local map: helper process" in node_log.read_text(), node_log.read_text()[-4000:]
 
     report = json.loads((tmp_path / "out" / "metrics.json").read_text())
     n = len(hdl64_drive)

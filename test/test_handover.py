@@ -185,12 +185,25 @@ def test_the_helper_process_ends_when_its_parent_is_killed():
         os.close(handle)
 
 
-def test_a_script_read_from_stdin_cannot_spawn_the_helper_and_its_local_map_builds_on_a_thread():
-    script = ("from s2h_ros.handover import helper_process_possible\n"
-              "from s2h_ros.local_map import LocalMap\n"
-              "print(helper_process_possible(), LocalMap(0.5, 2).background)\n")
-    from_stdin = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300)
-    inline = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert from_stdin.stdout.split() == ["False", "False"], from_stdin.stderr[-2000:]
-    assert inline.stdout.split() == ["True", "True"], inline.stderr[-2000:]
-    assert "Traceback" not in from_stdin.stderr
+_UNGUARDED_SCRIPT = """
+from s2h_ros.local_map import LocalMap
+print("top level ran", flush=True)
+local = LocalMap(0.5, 2)
+print(local.where(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_a_script_without_a_main_guard_gets_the_helper_and_runs_once(how, tmp_path):
+    """The helper process does not import the program's main script again: an unguarded script (as
+    an installed entry point was) would run its top level in there, and one read from standard
+    input could not be found."""
+    if how == "file":
+        script = tmp_path / "unguarded.py"
+        script.write_text(_UNGUARDED_SCRIPT)
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    else:
+        run = subprocess.run([sys.executable, "-"], input=_UNGUARDED_SCRIPT, capture_output=True, text=True,
+                             timeout=300)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stdout.splitlines() == ["top level ran", "helper process"], run.stdout + run.stderr[-3000:]

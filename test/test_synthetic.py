@@ -230,7 +230,7 @@ def test_bad_arguments_raise_one_clear_error(call, message):
 
 def test_presets_list_is_complete():
     assert set(LIDAR_PRESETS) == {"hdl64", "vlp32", "vlp16", "os128", "depth_camera", "hdl32", "vlp32c", "os1_32",
-                                  "os1_64", "os1_64_gen1", "os1_128", "os0_128", "livox"}
+                                  "os1_64", "os1_64_gen1", "os1_128", "os0_128", "livox", "xt32m2x"}
 
 
 @pytest.mark.parametrize("seed, kind", [(0, "outdoor"), (5, "outdoor"), (1, "indoor")])

@@ -14,7 +14,7 @@ from s2h_ros.outputs import json_text, write_json, write_text
 # so that building the parser does not import Open3D.
 FAMILY_NAMES = ("town", "suburban", "parking_lot", "open_field", "highway", "tunnel", "rooms", "office", "warehouse")
 SENSOR_NAMES = ("hdl64", "vlp32", "vlp16", "os128", "depth_camera", "hdl32", "vlp32c", "os1_32", "os1_64",
-                "os1_64_gen1", "os1_128", "os0_128", "livox")
+                "os1_64_gen1", "os1_128", "os0_128", "livox", "xt32m2x")
 CARRIER_NAMES = ("vehicle", "handheld")
 
 

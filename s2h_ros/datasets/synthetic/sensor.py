@@ -10,8 +10,8 @@ vehicle (1.73 m outdoors, 1.0 m indoors, 1.5 m in an open field).
 
 Presets (``LIDAR_PRESETS``; each preset's docstring line in ``preset`` gives its source numbers):
 the original five (``hdl64``, ``vlp32``, ``vlp16``, ``os128``, ``depth_camera``, unchanged), and
-``hdl32``, ``vlp32c``, ``os1_32``, ``os1_64``, ``os1_64_gen1``, ``os1_128``, ``os0_128`` and
-``livox``.
+``hdl32``, ``vlp32c``, ``os1_32``, ``os1_64``, ``os1_64_gen1``, ``os1_128``, ``os0_128``,
+``livox`` and ``xt32m2x`` (Hesai).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 from s2h_ros.datasets.synthetic.scene import Hits
 
 LIDAR_PRESETS = ("hdl64", "vlp32", "vlp16", "os128", "depth_camera",
-                 "hdl32", "vlp32c", "os1_32", "os1_64", "os1_64_gen1", "os1_128", "os0_128", "livox")
+                 "hdl32", "vlp32c", "os1_32", "os1_64", "os1_64_gen1", "os1_128", "os0_128", "livox", "xt32m2x")
 
 # Velodyne VLP-32C factory elevation table (degrees, sorted top to bottom), from its manual: dense
 # (1/3 deg) between -4.67 and +2.33 deg around the horizon, sparse towards +15 and -25 deg.
@@ -113,6 +113,12 @@ class LidarModel:
             # precision, 0.05 m minimum range; 90 m (the datasheet's range at 10 % reflectivity).
             return cls(name, (), 10000, 90.0, min_range=0.05, range_noise_std=0.02, dropout=0.01,
                        projection="rosette", hfov_deg=70.4)
+        if name == "xt32m2x":
+            # Hesai XT32M2X user manual, Appendix I (design values): 32 channels +19.5 .. -20.8 deg in
+            # 1.3 deg steps (40.3 deg), channel 16 horizontal. Not checked here: 2000 columns (the XT
+            # family's 0.18 deg at 10 Hz), 0.5-120 m, 1 cm noise (the XT-16 manual's 120 m instrument range).
+            return cls(name, tuple(np.round(np.linspace(19.5, -20.8, 32), 3)), 2000, 120.0, min_range=0.5,
+                       range_noise_std=0.01, dropout=0.01)
         if name == "depth_camera":  # RealSense-D435-like stereo depth, 424 x 240, 30 Hz
             return cls(name, (), 424, 10.0, min_range=0.2, range_noise_std=0.0, dropout=0.03, rate_hz=30.0,
                        projection="pinhole", image_height=240, hfov_deg=87.0, depth_noise_coeff=0.002,
