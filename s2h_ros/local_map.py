@@ -189,12 +189,11 @@ class LocalMap:
     def refine(self, scan: np.ndarray, pose: np.ndarray, max_move_m: float, max_turn_deg: float,
                newest: bool = False) -> Refinement:
         """``pose`` (4, 4: the scan in the odometry frame, trusted) refined against the map: the
-        newest built by now, or with ``newest`` that of
-        the current keyframes, waiting for it (a scan that becomes a keyframe: module text);
-        ``map_behind`` says how many keyframes behind the map was. Used
-        when it moves the pose by less than ``max_move_m`` and ``max_turn_deg``: a bigger move is not
-        a refinement of a trusted pose but a different answer, so the trusted pose stands and
-        ``message`` says so."""
+        newest built by now, or with ``newest`` that of the current keyframes, waiting for it (a
+        scan that becomes a keyframe: module text); ``map_behind`` says how many keyframes behind
+        the map was. Used when it moves the pose by less than ``max_move_m`` and ``max_turn_deg``:
+        a bigger move is not a refinement of a trusted pose but a different answer, so the trusted
+        pose stands and ``message`` says so."""
         t0 = time.perf_counter()
         if not self._scans:
             return Refinement(pose, False, "the local map is empty", 0.0, 0.0, 0.0)

@@ -30,11 +30,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -178,9 +178,7 @@ class PreparedCloud:
         without line-like neighbourhoods, :func:`s2h_ros.surface.planar_surface`), computed once."""
         if not cfg.icp_min_planarity > 0:
             return IcpTarget(self.xyz, self.normals(cfg.voxel_size))
-        with self._lock:
-            self._take_elsewhere()
-        found, axis = self.surface(cfg.voxel_size), self.pattern_axis()
+        found, axis = self.surface(cfg.voxel_size), self.pattern_axis()  # takes what surface_in asked for
         with self._lock:
             if self._icp_target is None or self._icp_target[0] != cfg.icp_min_planarity:
                 keep, unit = planar_surface(self.xyz, found, cfg.voxel_size, cfg.icp_min_planarity, axis, self.device)
