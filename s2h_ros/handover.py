@@ -20,6 +20,15 @@ on the 2-core VM at 10 Hz (docs/performance.md): in process, ahead takes 1.2-1.4
 second; over DDS with the replayer on the same two cores 1.2x on a VLP-32 drive and 0.9x on an
 HDL-64 one (the second core is not free there); the latency grows by about 100 ms at p50.
 
+Between the two, ``overlap`` (registration_node's ``prepare_overlap``) is the fraction of a typical
+preparation that may run beside the worker's item: 1 starts the preparer a whole typical
+preparation before the worker is expected to finish (the most items per second where the two
+threads do not slow each other), 0 when it finishes (``ahead=False``'s latency, but without
+waiting for the worker to say so). On a CPU whose two threads share the memory bandwidth each
+runs 1.4-1.7x slower beside the other, and the scan prepared beside a registration is late by
+that much; a smaller overlap trades scans per second for latency (docs/performance.md, "How much
+of the next scan's preparation runs beside the registration").
+
 Written here rather than taken from a library: ``queue.Queue`` drops nothing and keeps the oldest
 first; this is the newest-wins slot, a second slot for the prepared scan, and the rule between them.
 
@@ -66,9 +75,12 @@ class Handover:
     order the items were taken. ``process`` must not raise: an exception there ends the worker."""
 
     def __init__(self, prepare: Callable[[Any], Any], process: Callable[[Any], None], name: str = "handover",
-                 ahead: bool = True) -> None:
+                 ahead: bool = True, overlap: float = 1.0) -> None:
+        if not 0.0 <= overlap <= 1.0:
+            raise ValueError(f"overlap {overlap}: a fraction of a typical preparation, 0-1")
         self._prepare, self._process = prepare, process
         self.ahead = ahead  # False: the preparer waits until the worker is free (one scan at a time)
+        self.overlap = overlap  # of a typical preparation, run beside the worker's item (module text)
         self._cv = threading.Condition()
         self._offered: Any = None  # the newest offered item not yet taken by the preparer
         self._has_offered = False
@@ -120,8 +132,8 @@ class Handover:
     # ------------------------------------------------------------------ the two threads
     def _start_at(self) -> float:
         """When the preparer should take the next item (monotonic): now when the worker is idle or
-        nothing is known yet, else when the worker is expected to finish less a typical preparation
-        (never while it works, without ``ahead``)."""
+        nothing is known yet, else when the worker is expected to finish less ``overlap`` of a
+        typical preparation (never while it works, without ``ahead``)."""
         if self._processing_since is None:
             return 0.0
         if not self.ahead:
@@ -129,7 +141,7 @@ class Handover:
         if not self._durations["process"] or not self._durations["prepare"]:
             return 0.0
         typical = {k: statistics.median(v) for k, v in self._durations.items()}
-        return self._processing_since + typical["process"] - typical["prepare"]
+        return self._processing_since + typical["process"] - self.overlap * typical["prepare"]
 
     def _preparer(self) -> None:
         while True:

@@ -11,8 +11,10 @@ import pytest
 PREPARATION = ("voxelize", "level", "features", "map_scan")
 
 
-@pytest.mark.parametrize("ahead", [True, False], ids=["prepared-ahead", "one-at-a-time"])
-def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, ahead):
+@pytest.mark.parametrize("flags, ahead, overlap", [([], True, 1.0), (["--prepare-overlap", "0.25"], True, 0.25),
+                                                   (["--no-prepare-ahead"], False, 1.0)],
+                         ids=["prepared-ahead", "a-quarter-ahead", "one-at-a-time"])
+def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, flags, ahead, overlap):
     """Six scans of the 16-beam drive, every one registered in order: trusted, close to the truth,
     and the stages of each step (OdometryStep.timings) add up to the worker's step time plus the
     preparation, which the hand-over runs on its other thread (ahead of the step, or not)."""
@@ -20,7 +22,7 @@ def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, ah
 
     out = tmp_path / "stream.json"
     assert main(["bench", "stream", "--sequence", str(vlp16_drive.folder), "--rate", "0", "--count", "6",
-                 "--threads", "1", "--no-kiss-icp", "--json", str(out)] + ["--no-prepare-ahead"] * (not ahead)) == 0
+                 "--threads", "1", "--no-kiss-icp", "--json", str(out)] + flags) == 0
     result = json.loads(out.read_text())
     assert result["processed"] == 6 and result["dropped"] == 0 and result["device"] == "cpu"
     assert [s["index"] for s in result["steps"]] == list(range(6))
@@ -34,7 +36,7 @@ def test_lock_step_run_times_every_stage_of_every_scan(vlp16_drive, tmp_path, ah
         assert step["latency_ms"] >= step["step_ms"]
     tracked = [s for s in result["steps"] if s["search"] == "prior"]
     assert tracked and all(s["stages"]["support"] > 0 and s["stages"]["refine"] > 0 for s in tracked)
-    assert result["prepare_ahead"] is ahead
+    assert result["prepare_ahead"] is ahead and result["prepare_overlap"] == overlap
     # each step says in words what the odometry did (why, when a scan is not trusted)
     assert result["steps"][0]["message"] == "keyframe initialised"
     assert all(isinstance(s["message"], str) and (s["trusted"] or s["message"]) for s in result["steps"])

@@ -117,6 +117,39 @@ def test_without_ahead_nothing_is_prepared_while_the_worker_is_busy():
     assert prepared == [0, 2] and rec.seen == [0, 2] and handover.dropped == 1
 
 
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
+def test_the_next_preparation_starts_overlap_of_a_typical_one_before_the_worker_is_expected_to_finish(overlap):
+    prepare_s, process_s = 0.15, 0.3
+    prepare_starts: list[float] = []
+    process_starts: list[float] = []
+
+    def prepare(x):
+        prepare_starts.append(time.monotonic())
+        time.sleep(prepare_s)  # the work itself
+        return x
+
+    def process(x):
+        process_starts.append(time.monotonic())
+        time.sleep(process_s)
+
+    handover = Handover(prepare, process, overlap=overlap)
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:  # a sensor far faster than the worker: there is always a newest item
+        handover.offer(object())
+        time.sleep(0.005)
+    handover.stop()
+    # Item k+1's preparation starts during item k's processing, once both durations are known.
+    leads = sorted(prep - start for start, prep in zip(process_starts[1:], prepare_starts[2:]))
+    assert len(leads) >= 4
+    median = leads[len(leads) // 2]
+    assert median == pytest.approx(process_s - overlap * prepare_s, abs=0.05)
+
+
+def test_an_overlap_outside_0_to_1_is_refused():
+    with pytest.raises(ValueError, match="overlap"):
+        Handover(lambda x: x, lambda x: None, overlap=1.5)
+
+
 _ARENAS_SCRIPT = r"""
 import ctypes, ctypes.util, sys, threading
 from s2h_ros.handover import limit_malloc_arenas

@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-kiss-icp", action="store_true", help="skip KISS-ICP on the same scans")
     parser.add_argument("--no-prepare-ahead", action="store_true",
                         help="prepare a scan only once the odometry is free (registration_node's prepare_ahead: false)")
+    parser.add_argument("--prepare-overlap", type=float, default=1.0, metavar="F",
+                        help="the fraction of a typical preparation that may run beside the registration before it "
+                             "(registration_node's prepare_overlap, 0-1; 1: ready when the registration ends)")
 
 
 def _configs(args: argparse.Namespace):
@@ -117,9 +120,10 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _stream(odo, scans: list[np.ndarray], times: list[np.ndarray | None], rate: float, device: str, first: int,
-            ahead: bool, every: int = 1) -> tuple[list[dict], int]:
+            ahead: bool, every: int = 1, overlap: float = 1.0) -> tuple[list[dict], int]:
     """The node's way (``s2h_ros.handover``): scans offered at their time (lock-step: as soon as the
-    one before is taken), prepared on one thread (``ahead``: while the one before is registered),
+    one before is taken), prepared on one thread (``ahead``: while the one before is registered, up
+    to ``overlap`` of a typical preparation),
     registered on another; ``scans`` are every ``every``-th frame from ``first``, each offered and
     stamped as that frame. Records and the number of scans dropped."""
     from s2h_ros.handover import Failed, Handover
@@ -142,7 +146,7 @@ def _stream(odo, scans: list[np.ndarray], times: list[np.ndarray | None], rate: 
         records.append(_step_record(step, first + index * every, offered, started, time.perf_counter() - t0,
                                     sum(prepared.timings.values())))
 
-    handover = Handover(prepare, process, name="stream", ahead=ahead)
+    handover = Handover(prepare, process, name="stream", ahead=ahead, overlap=overlap)
     try:
         for index in range(len(scans)):
             wait = index * every * period - (time.perf_counter() - t0)
@@ -269,6 +273,8 @@ def run(args: argparse.Namespace) -> dict:
     sequence = _sequence(args)
     first = args.start
     count = (len(sequence) - first) if args.count < 0 else min(args.count, len(sequence) - first)
+    if not 0.0 <= args.prepare_overlap <= 1.0:
+        raise SystemExit(f"--prepare-overlap {args.prepare_overlap}: a fraction, 0-1")
     if args.every < 1:
         raise SystemExit(f"--every {args.every}: must be 1 or more")
     if -(-count // args.every) < 3:
@@ -289,7 +295,7 @@ def run(args: argparse.Namespace) -> dict:
     odo = KeyframeOdometry(registration, odometry, registrar=registrar)
     t0 = time.perf_counter()
     records, dropped = _stream(odo, scans, times, args.rate, args.device, first, ahead=not args.no_prepare_ahead,
-                               every=args.every)
+                               every=args.every, overlap=args.prepare_overlap)
     duration = time.perf_counter() - t0
 
     latencies = [r["latency_ms"] for r in records]
@@ -301,7 +307,7 @@ def run(args: argparse.Namespace) -> dict:
         "points_per_scan_mean": float(np.mean([len(s) for s in scans])),
         "device": args.device, "device_name": _device_name(args.device), "torch": torch.__version__,
         "torch_threads": threads, "rate_hz": args.rate, "duration_s": duration,
-        "prepare_ahead": not args.no_prepare_ahead,
+        "prepare_ahead": not args.no_prepare_ahead, "prepare_overlap": args.prepare_overlap,
         "processed": len(records), "dropped": dropped, "processed_rate_hz": len(records) / duration,
         "latency_ms": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95), "max": max(latencies)},
         "step_ms": {"p50": _percentile(steps, 50), "p95": _percentile(steps, 95), "max": max(steps)},

@@ -76,6 +76,12 @@ NODE_PARAMETERS: tuple[ParamSpec, ...] = (
               "is registered (s2h_ros.handover); false: one scan at a time, about 100 ms less latency (2-core VM at 10 Hz: "
               "in process 1.2-1.4x the scans ahead; over DDS with the replayer on the same cores 1.2x on a VLP-32 drive, "
               "0.9x on an HDL-64 one; docs/performance.md)"),
+    ParamSpec("prepare_overlap", 1.0, "with prepare_ahead, the fraction of a typical preparation that may run beside "
+              "the registration before it (s2h_ros.handover): 1 starts the next scan's preparation so that it is ready "
+              "when the registration ends (the most scans per second), smaller values start it later: less latency where "
+              "the two threads slow each other, fewer scans (2-core VM, held-out HDL-64 drive at 10 Hz, config/cpu.yaml: "
+              "1 -> 0.25 latency p95 378-466 -> 327-399 ms, 5.7-7.5 -> 5.1-6.0 scans/s; on a second drive with corners "
+              "the slower rate cost a lost track; docs/performance.md)", (0.0, 1.0)),
     ParamSpec("cpu_threads", 0, "CPU threads of torch, BLAS and scipy (config.use_cpu_threads); 0: with device cpu all cores but one (at least 1), which "
               "stays free for the executor and DDS (2-core VM, 64-beam stream at 10 Hz: 1 thread answered 123 scans, "
               "latency p50 340 ms; 2 threads 69 scans, 766 ms: OpenMP threads stall when a core is taken); with a GPU device 1 (H200: step p50 200 -> 152 ms, "

@@ -118,7 +118,8 @@ class RegistrationNode(Node):
         self._time_fields: set[tuple[str, bool]] = set()  # (field, unusable) already logged: once each
         self._scale = ScaleCheck(self.odometry.registrar.config.voxel_size)  # the preparer's: a hint, once
         # The newest scan, prepared on one thread while the one before it is registered on another.
-        self.handover = Handover(self._prepare, self._answer, name="s2h_registration", ahead=bool(p["prepare_ahead"]))
+        self.handover = Handover(self._prepare, self._answer, name="s2h_registration", ahead=bool(p["prepare_ahead"]),
+                                 overlap=float(p["prepare_overlap"]))
         # Wall-clock timer: diagnostics keep coming when a paused bag stops /clock.
         self.create_timer(float(p["diagnostics_period"]), self._publish_diagnostics,
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
