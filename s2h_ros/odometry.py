@@ -214,6 +214,7 @@ class KeyframeOdometry:
     ) -> None:
         self.cfg = odometry or OdometryConfig()
         self.registrar = registrar or Registrar(registration)
+        self.registrar.warm_up()  # not under the first registration's clock: a stream's next scan waits for it
         self.local_map = None
         if self.cfg.map_keyframes:
             self.local_map = LocalMap(self.cfg.map_voxel or self.registrar.config.voxel_size, self.cfg.map_keyframes,

@@ -638,6 +638,22 @@ class Registrar:
         self._models = None  # (fcgf, inlier or None, voxel the weights were trained at), loaded lazily
         self._rng = np.random.default_rng(self.config.seed)
 
+    def warm_up(self) -> None:
+        """Load now what the first registration would otherwise load under its own clock: the
+        weights (learned features) and, where the ICP runs in Open3D (``icp_on_device`` false), the
+        Open3D module (about 1.1 s to import on the 2-core VM, most of it its visualisation's
+        plotly / dash). A node that paid for them in its first registration after the
+        initialising scan took its next scan 2-3 s later, where the prior counted as stale, and
+        lost the track at start-up (held-out drives over DDS at 10 Hz, docs/performance.md).
+        Without Open3D installed nothing is imported here; the ICP says so when it runs."""
+        if self.feature_kind() == "fcgf":
+            self._load_models()
+        if not icp_on_device(self.config):
+            try:
+                import open3d  # noqa: F401 - imported for its import time, not used here
+            except ImportError:
+                pass
+
     # ------------------------------------------------------------------ features
     def weights_path(self) -> Path | None:
         """The weight file learned features come from: ``weights`` when given, else the shipped

@@ -613,3 +613,21 @@ def test_a_turns_first_tenths_of_a_second_are_followed_by_tracking_not_searched(
     re, te = geometry.transform_errors(steps[3].pose, geometry.invert_transform(seq.poses[61]) @ seq.poses[73])
     assert re < 0.05 and te < 0.02, (re, te)
     assert steps[3].result.search == ("prior" if follow else "global")
+
+
+def test_a_new_odometry_has_loaded_what_its_first_registration_needs():
+    """Open3D (the CPU's ICP) and the weights are loaded when the odometry is made, in a fresh
+    interpreter: imported under the first registration they cost a node 1-2 s at start-up, and the
+    scan after that gap was searched with a stale prior and lost."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from s2h_ros.config import OdometryConfig\n"
+            "from s2h_ros.odometry import KeyframeOdometry\n"
+            "assert 'open3d' not in sys.modules\n"
+            "odo = KeyframeOdometry(odometry=OdometryConfig(map_keyframes=0))\n"
+            "print('open3d' in sys.modules, odo.registrar._models is not None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
