@@ -123,9 +123,9 @@ def _stream(odo, scans: list[np.ndarray], times: list[np.ndarray | None], rate: 
             ahead: bool, every: int = 1, overlap: float = 1.0) -> tuple[list[dict], int]:
     """The node's way (``s2h_ros.handover``): scans offered at their time (lock-step: as soon as the
     one before is taken), prepared on one thread (``ahead``: while the one before is registered, up
-    to ``overlap`` of a typical preparation),
-    registered on another; ``scans`` are every ``every``-th frame from ``first``, each offered and
-    stamped as that frame. Records and the number of scans dropped."""
+    to ``overlap`` of a typical preparation), registered on another; ``scans`` are every
+    ``every``-th frame from ``first``, each offered and stamped as that frame. Records and the
+    number of scans dropped."""
     from s2h_ros.handover import Failed, Handover
 
     period = 1.0 / rate if rate > 0 else 0.0
