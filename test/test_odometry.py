@@ -615,6 +615,32 @@ def test_a_turns_first_tenths_of_a_second_are_followed_by_tracking_not_searched(
     assert steps[3].result.search == ("prior" if follow else "global")
 
 
+@pytest.mark.parametrize("follow", [True, False], ids=["followed", "not-followed"])
+def test_scans_past_a_stale_prediction_are_followed_by_tracking_not_searched(follow, monkeypatch):
+    """A caller that takes every 12th scan of an HDL-64 town drive (world 950, never trained on):
+    each prediction is 1.2 s old, more than ``max_gap``, so it vouches for little, and tracking
+    from it lands short of the truth. Followed from its own result (within ``FOLLOW_STEPS`` + 1
+    tracking radii of the prediction) and then tested against its sideways-shifted copy, tracking
+    finds the pose the global search finds, and the steps are tracking's; not followed
+    (``FOLLOW_STEPS`` 0, the odometry before) every such step costs a global search (2-4 s on a
+    2-core CPU), at the same poses."""
+    import s2h_ros.odometry as odometry
+    from s2h_ros.datasets.synthetic import simulate_sequence
+
+    if not follow:
+        monkeypatch.setattr(odometry, "FOLLOW_STEPS", 0)
+    frames = (0, 12, 24, 36)
+    seq = simulate_sequence(n_frames=37, seed=950, sensor="hdl64")
+    odo = KeyframeOdometry(odometry=OdometryConfig(), registrar=Registrar(RegistrationConfig()))
+    steps = [odo.step(seq[i].points, float(seq.stamps[i])) for i in frames]
+    assert all(s.success for s in steps), [s.message for s in steps]
+    assert seq.stamps[24] - seq.stamps[12] > odo.cfg.max_gap  # the prediction is stale
+    for step, i in zip(steps[2:], frames[2:]):
+        re, te = geometry.transform_errors(step.pose, geometry.invert_transform(seq.poses[0]) @ seq.poses[i])
+        assert re < 0.1 and te < 0.05, (i, re, te)
+        assert step.result.search == ("prior" if follow else "global"), (i, step.result.search)
+
+
 def test_a_new_odometry_has_loaded_what_its_first_registration_needs():
     """Open3D (the CPU's ICP) and the weights are loaded when the odometry is made, in a fresh
     interpreter: imported under the first registration they cost a node 1-2 s at start-up, and the
