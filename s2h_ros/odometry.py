@@ -7,13 +7,16 @@ Each scan goes through these stages:
 2. **Tracking** while the prior is trusted (a successful scan less than a gap ago and
    ``tracking``): S2H candidates around each voxel's position predicted by the motion prior
    (``Registrar.register(search="prior")``; ``s2h_ros.motion_prior``: the last velocity, its speed
-   changing as over the last ``speed_change_window`` seconds and its turn rate kept, each for at
-   most ``max_gap`` seconds, since a manoeuvre ends). A result that confirms the prediction (within
+   changing as over the last ``speed_change_window`` seconds, or two scan intervals when scans come
+   slower, and its turn rate kept, each for at most ``max_gap`` seconds, since a manoeuvre ends). A result that confirms the prediction (within
    ``agree_distance``, by default half the inlier distance, and 2 deg) is taken as it is; one that corrects it by what the prior's
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
    independent starts agree; that ICP's first stage takes correspondences up to ``prior_radius``
    apart, as far as tracking looked, so a turn a few degrees beyond the prediction converges).
+   From a stale prediction (below) the two are not independent: both start metres off and stop
+   where their reach ends, at the same wrong place along a street, so such a correction is
+   followed to its fixed point instead.
    Where tracking pulls away from a fresh prediction but does not stand (a turn's first tenths of
    a second, 10-20 deg beyond it), tracking is **followed** from its own result until it lands where
    it started; that fixed point stands when trusted, within ``prior_radius`` and 25 deg of the
@@ -109,7 +112,7 @@ from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.deskew import DeskewError, deskew
 from s2h_ros.handover import in_background, in_low_priority_process
 from s2h_ros.local_map import LocalMap
-from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist, speed_change
+from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist, speed_change, speed_window
 from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
                               RegistrationResult, agree, check_cloud, ransac_on_correspondences)
 
@@ -426,7 +429,7 @@ class KeyframeOdometry:
         if competitor is not None and competitor.success:
             if self._agree(competitor.transform, prior):
                 checked = competitor  # tracking confirms the prediction
-            elif self._within_prior(competitor.transform, prior):  # a correction the prior's error explains
+            elif not stale and self._within_prior(competitor.transform, prior):  # a correction the prior's error explains
                 icp = self._checking_icp(prepared, keyframe, prior, competitor)
                 if icp.success and self._agree(icp.transform, competitor.transform):
                     checked = _with_timings(competitor, icp)  # ICP from the prediction lands on it too
@@ -876,8 +879,10 @@ class KeyframeOdometry:
 
     def _speed_change(self) -> float:
         """m/s^2 the speed changes at, from the trusted intervals whose middles lie within
-        ``speed_change_window`` seconds of the last trusted scan (``motion_prior.speed_change``)."""
-        window = self.cfg.speed_change_window
+        ``speed_change_window`` seconds of the last trusted scan, or two typical scan intervals when
+        scans come slower (``motion_prior.speed_window``, ``motion_prior.speed_change``)."""
+        typical = float(np.median(self.intervals)) if self.intervals else 0.0
+        window = speed_window(self.cfg.speed_change_window, typical)
         if window <= 0 or self.last_stamp is None:
             return 0.0
         recent = [(t, v) for t, v in self.speeds if t >= self.last_stamp - window]

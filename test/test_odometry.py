@@ -225,6 +225,25 @@ def test_a_braking_sensors_prediction_slows_as_its_recent_trusted_speeds_did():
     assert predicted(0.0) == pytest.approx([8.1 * 1.3, 0.0, 0.0])
 
 
+@pytest.mark.parametrize("interval", [1.2, 0.1])
+def test_a_sensor_taken_every_few_seconds_measures_its_speed_change_over_its_last_two_intervals(interval):
+    """A node behind its sensor takes a scan every 1.2 s: of the speeds of its intervals (middles
+    1.8, 3.0, 4.2 s; a car pulling away at 2 m/s^2) one lies within the 1 s ``speed_change_window``,
+    so the window is widened to two typical intervals (``motion_prior.speed_window``) and the
+    prediction pulls away too, for ``max_gap``. Where scans come every 0.1 s the window stays 1 s,
+    the same speeds give one interval, and the speed is kept."""
+    from s2h_ros.motion_prior import travelled
+
+    odo = KeyframeOdometry(FAST, OdometryConfig(max_gap=1.0, speed_change_window=1.0))
+    odo.last_pose, odo.last_stamp = np.eye(4), 4.8
+    odo.twist = np.array([8.4, 0.0, 0.0, 0.0, 0.0, 0.0])
+    odo.intervals.extend([interval] * 3)
+    odo.speeds.extend([(t, 2.0 * t) for t in (1.8, 3.0, 4.2)])
+    ahead = odo._predict(6.0)[:3, 3]
+    change = 2.0 if interval > 1.0 else 0.0
+    assert ahead == pytest.approx([travelled(8.4, change, 1.2, 1.0), 0.0, 0.0])
+
+
 # ---------------------------------------------------------------- trust and continuity, defaults
 
 

@@ -12,7 +12,8 @@ over each ``--turn-horizons`` (``inf``: carried on; default also the shipped ``m
 the speed kept (key: the horizon) or changing at the rate the speeds of the last
 ``--speed-change-windows`` seconds give (``motion_prior.speed_change``, over the same horizon; key
 ``<horizon>+speed_<window>s``: the speeds of intervals of ``--twist-over`` seconds, as a node taking
-every such scan measures them), and compares with the true pose then: yaw and position error (and
+every such scan measures them, the window widened to two such intervals as the odometry's
+``motion_prior.speed_window`` does), and compares with the true pose then: yaw and position error (and
 ``beyond_radius``, the share more than ``prior_radius`` off), and whether the heading hypothesis the
 global search tries first (``pipeline.heading_order``) is the one nearest the true yaw
 (``right_heading_first``) or a turned one where the truth is within half a hypothesis step of the
@@ -68,7 +69,7 @@ def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: 
     from every ``every``-th pose of ``poses`` (N, 4, 4), the twist measured over the
     ``twist_over`` seconds before it; ``beyond_radius``: the fraction more than ``radius`` metres
     off (tracking's ``prior_radius``: a correction beyond it costs a global search)."""
-    from s2h_ros.motion_prior import body_twist, predicted_pose, speed_change
+    from s2h_ros.motion_prior import body_twist, predicted_pose, speed_change, speed_window
     from s2h_ros.pipeline import heading_order
 
     back, on = max(1, round(twist_over * rate)), max(1, round(ahead * rate))
@@ -78,7 +79,7 @@ def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: 
         yaw_err, pos_err, right, turned = [], [], [], []
         for i in samples:
             twist = body_twist(geometry.invert_transform(poses[i - back]) @ poses[i], back / rate)
-            change = speed_change(*_speeds(poses, i, back, rate, window)) if window > 0 else 0.0
+            change = speed_change(*_speeds(poses, i, back, rate, speed_window(window, back / rate))) if window > 0 else 0.0
             truth = geometry.invert_transform(poses[i]) @ poses[i + on]
             moved = predicted_pose(np.eye(4), twist, on / rate, horizon, change)
             true_yaw, yaw = geometry.yaw_deg(truth), geometry.yaw_deg(moved)
