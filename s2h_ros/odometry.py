@@ -8,7 +8,8 @@ Each scan goes through these stages:
    ``tracking``): S2H candidates around each voxel's position predicted by the motion prior
    (``Registrar.register(search="prior")``; ``s2h_ros.motion_prior``: the last velocity, its speed
    changing as over the last ``speed_change_window`` seconds, or two scan intervals when scans come
-   slower, and its turn rate kept, each for at most ``max_gap`` seconds, since a manoeuvre ends). A result that confirms the prediction (within
+   slower, and its turn rate kept, each for at most ``max_gap`` seconds, since a manoeuvre ends).
+   A result that confirms the prediction (within
    ``agree_distance``, by default half the inlier distance, and 2 deg) is taken as it is; one that corrects it by what the prior's
    error explains (within ``prior_radius`` and 10 deg: scans dropped by a node that falls behind,
    braking, the start of a turn) is taken when ICP from the prediction lands on it too (two
@@ -484,7 +485,10 @@ class KeyframeOdometry:
 
         ``stale`` (``_prediction_stale``: more than ``max_gap`` old, or a relocalisation's twist):
         the prediction may be metres off, so the fixed point may lie as far as the trackings reach,
-        ``FOLLOW_STEPS`` + 1 times ``prior_radius``; the copy test decides as above. Held-out
+        ``FOLLOW_STEPS`` + 1 times ``prior_radius``; the copy test decides as above. A stale
+        prediction's correction comes here even when tracking trusted it: ICP from the same
+        prediction, which confirms a fresh one's, starts as far off and stops where tracking did
+        (``_register``). Held-out
         simulated drives taken every 12th scan (1.2 s apart, lock-step, 2-core CPU): global
         searches 16 -> 7 (HDL-64 world 950), 12 -> 6 (VLP-32 world 940), 6 -> 1 (VLP-32 world
         993), the same or more steps trusted, none wrong (docs/performance.md)."""
@@ -689,9 +693,12 @@ class KeyframeOdometry:
         """Seconds since the last trusted scan beyond which the motion prior is not trusted:
         ``max_gap``, or ``gap_periods`` typical scan intervals when scans come slower than that
         (a caller that falls behind its sensor, a slow sensor)."""
-        if not self.intervals:
-            return self.cfg.max_gap
-        return max(self.cfg.max_gap, self.cfg.gap_periods * float(np.median(self.intervals)))
+        return max(self.cfg.max_gap, self.cfg.gap_periods * self._typical_interval())
+
+    def _typical_interval(self) -> float:
+        """Seconds between scans as they come: the median of the last ``RECENT_INTERVALS`` stamp
+        differences (0 before the second scan). A gap and the speed change's window count in it."""
+        return float(np.median(self.intervals)) if self.intervals else 0.0
 
     def _prediction_stale(self, stamp: float) -> bool:
         """The motion prediction for ``stamp`` may be metres off, so tracking's agreement with it
@@ -881,8 +888,7 @@ class KeyframeOdometry:
         """m/s^2 the speed changes at, from the trusted intervals whose middles lie within
         ``speed_change_window`` seconds of the last trusted scan, or two typical scan intervals when
         scans come slower (``motion_prior.speed_window``, ``motion_prior.speed_change``)."""
-        typical = float(np.median(self.intervals)) if self.intervals else 0.0
-        window = speed_window(self.cfg.speed_change_window, typical)
+        window = speed_window(self.cfg.speed_change_window, self._typical_interval())
         if window <= 0 or self.last_stamp is None:
             return 0.0
         recent = [(t, v) for t, v in self.speeds if t >= self.last_stamp - window]

@@ -79,7 +79,8 @@ def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: 
         yaw_err, pos_err, right, turned = [], [], [], []
         for i in samples:
             twist = body_twist(geometry.invert_transform(poses[i - back]) @ poses[i], back / rate)
-            change = speed_change(*_speeds(poses, i, back, rate, speed_window(window, back / rate))) if window > 0 else 0.0
+            recent = _speeds(poses, i, back, rate, speed_window(window, back / rate))
+            change = speed_change(*recent) if window > 0 else 0.0
             truth = geometry.invert_transform(poses[i]) @ poses[i + on]
             moved = predicted_pose(np.eye(4), twist, on / rate, horizon, change)
             true_yaw, yaw = geometry.yaw_deg(truth), geometry.yaw_deg(moved)
