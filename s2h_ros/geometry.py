@@ -2,7 +2,8 @@
 
 Conventions: points are rows, ``(N, 3)``; a transform ``T`` is ``(4, 4)`` with
 ``x_target = T @ x_source``. Metrics and SE(3) helpers take numpy arrays or torch tensors and
-return the same kind; ``weighted_procrustes`` is torch (differentiable, any device).
+return the same kind; ``weighted_procrustes`` is torch (differentiable, any device), ``robust_weighted_procrustes``
+its test-time refinement (DGR's robust step).
 Nothing here is hand-written where a library does the job: SVD and determinants are torch,
 Euler angles are ``scipy.spatial.transform.Rotation``.
 """
@@ -190,7 +191,13 @@ def weighted_procrustes(
     total = weights.sum(-1, keepdim=True)
     if bool((total <= eps).any()):
         raise ValueError("weights sum to zero: no correspondence to estimate a transform from")
-    w_bar = (weights / total)[..., None]  # (…, N, 1)
+    return _procrustes_fit(src, tgt, weights / total)
+
+
+def _procrustes_fit(src: torch.Tensor, tgt: torch.Tensor, w_bar: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The closed form of :func:`weighted_procrustes` for checked inputs and weights ``w_bar`` (…, N)
+    that sum to 1."""
+    w_bar = w_bar[..., None]  # (…, N, 1)
     mu_x = (w_bar * src).sum(-2)  # (…, 3)
     mu_y = (w_bar * tgt).sum(-2)
     H = ((tgt - mu_y[..., None, :]) * w_bar).transpose(-1, -2) @ (src - mu_x[..., None, :])  # (…, 3, 3)
@@ -199,6 +206,47 @@ def weighted_procrustes(
     E = torch.diag_embed(torch.stack([torch.ones_like(d), torch.ones_like(d), torch.sign(d)], -1))
     R = U @ E @ Vh
     t = mu_y - (R @ mu_x[..., None])[..., 0]
+    return R, t
+
+
+# The robust refinement stops when an iteration changes no entry of R (and of t, metres) by this much:
+# 0.1 mm and about 0.006 deg, far below what ICP corrects after it (the steps shrink about 2x each).
+ROBUST_PROCRUSTES_TOL = 1e-4
+
+
+def robust_weighted_procrustes(
+    src: torch.Tensor, tgt: torch.Tensor, weights: torch.Tensor, scale: float, iterations: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted Procrustes refined against the matches it does not explain: ``(R, t)`` minimising
+    ``sum_i w_i rho(||R x_i + t - y_i||)`` with the Geman-McClure kernel
+    ``rho(r) = r^2 / (r^2 + c^2)`` of ``scale`` ``c`` (metres), from :func:`weighted_procrustes`.
+
+    ``src``, ``tgt``: ``(N, 3)``; ``weights``: ``(N,)`` >= 0 (the inlier network's); returns
+    ``R (3, 3)``, ``t (3,)`` on the inputs' device, not differentiated (a test-time step).
+
+    DGR refines its weighted Procrustes estimate the same way: the weight-scaled robust residual
+    minimised over SE(3), there by gradient steps. Here each step is iteratively reweighted
+    least squares, closed form: weighted Procrustes on ``w_i (c^2 / (c^2 + r_i^2))^2`` of the
+    previous residuals ``r_i``, at most ``iterations`` times (0: weighted Procrustes alone), until
+    the transform moves less than ``ROBUST_PROCRUSTES_TOL``. Why: the learned weights spread over
+    matches a voxel or two off the consensus (a wall's matches slid along it), and the
+    least-squares fit follows them; the kernel lets the matches that agree decide. Held-out worlds
+    (8 lidars, 8 pairs each 10-20 m apart at any heading), before ICP, ``c`` 0.3 m: mean RE
+    0.095-0.516 -> 0.064-0.266 deg, TE 2.98-7.67 -> 1.83-4.84 cm, below RANSAC on the same matches
+    in every sensor (docs/evaluation.md, "DGR's robust step"). A step whose weights keep fewer
+    than 3 matches ends the refinement where it is."""
+    R, t = weighted_procrustes(src, tgt, weights)
+    for _ in range(iterations):
+        r2 = ((src @ R.T + t - tgt) ** 2).sum(-1)
+        reweighted = weights * (scale * scale / (scale * scale + r2)) ** 2
+        total = float(reweighted.sum())
+        if int((reweighted > 0).sum()) < 3 or total <= 1e-12:
+            break
+        R_next, t_next = _procrustes_fit(src, tgt, reweighted / total)
+        moved = max(float((R_next - R).abs().max()), float((t_next - t).abs().max()))
+        R, t = R_next, t_next
+        if moved < ROBUST_PROCRUSTES_TOL:
+            break
     return R, t
 
 

@@ -1270,15 +1270,17 @@ class Registrar:
         """Inlier weight sum below which DGR's safeguard (RANSAC) estimates instead of the learned weights."""
         return max(self.config.safeguard_min_weight, self.config.safeguard_ratio * voxels)
 
-    @staticmethod
-    def _procrustes(src: PreparedCloud, tgt: PreparedCloud, pairs: np.ndarray, weights: np.ndarray,
+    def _procrustes(self, src: PreparedCloud, tgt: PreparedCloud, pairs: np.ndarray, weights: np.ndarray,
                     timer: _Timer) -> np.ndarray:
-        """(4, 4) weighted Procrustes of the (P, 2) matches ``pairs`` with (P,) ``weights``, local frames."""
+        """(4, 4) weighted Procrustes of the (P, 2) matches ``pairs`` with (P,) ``weights``, local
+        frames, refined by ``robust_procrustes_iters`` reweighted fits (DGR's robust step)."""
         with timer.stage("procrustes"):
-            R, t = geometry.weighted_procrustes(
+            R, t = geometry.robust_weighted_procrustes(
                 torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
                 torch.from_numpy(tgt.xyz[pairs[:, 1]]).double(),
                 torch.from_numpy(weights).double(),
+                scale=self.config.inlier_distance / 2.0,
+                iterations=self.config.robust_procrustes_iters,
             )
         return geometry.make_transform(R.numpy(), t.numpy())
 

@@ -38,6 +38,37 @@ def test_procrustes_ignores_zero_weighted_outliers(rng, demo_points):
     assert torch.allclose(t_est, torch.tensor(t), atol=1e-8)
 
 
+def test_robust_procrustes_lets_the_agreeing_matches_decide_where_weighted_outliers_pull_procrustes_off(rng, demo_points):
+    # A third of the matches carry weight but lie 0.4-1.2 m off, all slid the same way (a wall's
+    # matches a voxel or two along it): least squares follows them, the Geman-McClure refit does not.
+    R, t = g.random_rotation(rng, 180.0), rng.normal(size=3)
+    src = torch.tensor(demo_points)
+    tgt = src @ torch.tensor(R).T + torch.tensor(t) + 0.005 * torch.tensor(rng.normal(size=(len(src), 3)))
+    slid = torch.tensor(rng.uniform(0.4, 1.2, size=(330, 1))) * torch.tensor([0.6, 0.8, 0.0])
+    tgt[:330] += slid
+    w = torch.tensor(rng.uniform(0.3, 1.0, size=len(src)))
+    plain_R, plain_t = g.weighted_procrustes(src, tgt, w)
+    robust_R, robust_t = g.robust_weighted_procrustes(src, tgt, w, scale=0.3, iterations=10)
+    plain_te = float(torch.linalg.vector_norm(plain_t - torch.tensor(t)))
+    robust_te = float(torch.linalg.vector_norm(robust_t - torch.tensor(t)))
+    assert plain_te > 0.1
+    assert robust_te < 0.02 and robust_te < plain_te / 10
+    assert float(g.rotation_error_deg(robust_R, torch.tensor(R))) < float(g.rotation_error_deg(plain_R, torch.tensor(R)))
+
+
+def test_robust_procrustes_without_iterations_or_outliers_is_weighted_procrustes(rng, demo_points):
+    R, t = g.random_rotation(rng, 90.0), rng.normal(size=3)
+    src = torch.tensor(demo_points)
+    tgt = src @ torch.tensor(R).T + torch.tensor(t)
+    tgt[:100] += 3.0
+    w = torch.tensor(rng.uniform(0.1, 1.0, size=len(src)))
+    for got, want in zip(g.robust_weighted_procrustes(src, tgt, w, scale=0.3, iterations=0), g.weighted_procrustes(src, tgt, w)):
+        assert torch.equal(got, want)
+    clean = src @ torch.tensor(R).T + torch.tensor(t)  # every match exact: the refit stops where it started
+    R_est, t_est = g.robust_weighted_procrustes(src, clean, w, scale=0.3, iterations=10)
+    assert torch.allclose(R_est, torch.tensor(R), atol=1e-8) and torch.allclose(t_est, torch.tensor(t), atol=1e-8)
+
+
 def test_procrustes_equals_the_papers_K_W_product_for_ppm_weights(rng):
     """H = Y' K W K X^T with K = I - sqrt(w) sqrt(w)^T, built literally, for 0/1 weights."""
     x, y = rng.normal(size=(40, 3)), rng.normal(size=(40, 3))

@@ -525,7 +525,10 @@ def test_a_handheld_step_tracked_3_deg_off_is_refused_by_the_map_or_restarted_on
     seq = simulate_sequence(n_frames=51, seed=921, sensor="vlp16", family="parking_lot", **CARRIERS["handheld"])
     gt = _gt(seq)
     frames = list(range(0, 51, 5))
-    every_voxel = default_odometry_registrar.config.replace(icp_min_planarity=0.0)
+    # The hazard as it was found: weighted Procrustes alone (since 2026-12-06 DGR's robust step after it
+    # starts ICP elsewhere, and tracking from that prediction lands scan 50 0.15 deg from the truth
+    # without a restart).
+    every_voxel = default_odometry_registrar.config.replace(icp_min_planarity=0.0, robust_procrustes_iters=0)
     registrars = {name: Registrar(cfg) for name, cfg in (("unrestarted", every_voxel),
                                                          ("restarted", every_voxel.replace(tilt_restart_deg=2.5)))}
     for registrar in registrars.values():
