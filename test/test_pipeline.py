@@ -181,17 +181,20 @@ def test_the_robust_refit_brings_the_learned_estimate_closer_before_icp_on_held_
     # Procrustes alone, on the learned weights (no RANSAC safeguard) either way.
     from s2h_ros.datasets.synthetic import synthetic_pairs
     pairs = synthetic_pairs(2, seed=5)
+    robust_reg = Registrar(RegistrationConfig(refine="none", robust_procrustes_iters=10))
+    plain_reg = Registrar(robust_reg.config.replace(robust_procrustes_iters=0))
+    plain_reg._models = robust_reg._load_models()
+    prepared = [(robust_reg.prepare(pair.source), robust_reg.prepare(pair.target)) for pair in pairs]  # once for both
 
-    def errors(iterations: int) -> np.ndarray:
-        reg = Registrar(RegistrationConfig(refine="none", robust_procrustes_iters=iterations))
+    def errors(reg: Registrar) -> np.ndarray:
         rows = []
-        for pair in pairs:
-            result = reg.register(pair.source, pair.target)
+        for pair, (src, tgt) in zip(pairs, prepared):
+            result = reg.register(src, tgt)
             assert not result.fallback, result.fallback
             rows.append(geometry.transform_errors(result.transform, pair.T_gt))
         return np.mean(rows, axis=0)  # (mean RE deg, mean TE m)
 
-    robust, plain = errors(10), errors(0)
+    robust, plain = errors(robust_reg), errors(plain_reg)
     assert plain[1] < 0.1  # both right: the refit sharpens a right estimate, it does not rescue one
     assert robust[0] < plain[0] and robust[1] < 0.8 * plain[1], (robust, plain)
 

@@ -57,7 +57,11 @@ def _speeds(poses: np.ndarray, i: int, back: int, rate: float, window: float) ->
     """Middle times (s) and mean speeds (m/s) of the intervals of ``back`` poses ending at pose
     ``i``, ``i - back``, ... whose middles lie within ``window`` seconds before pose ``i``: what an
     odometry taking every ``back``-th scan measured."""
-    ends = [j for j in range(i, back - 1, -back) if (i - j + back / 2) / rate <= window]
+    ends = []
+    for j in range(i, back - 1, -back):  # the middles only grow older: stop at the window's edge
+        if (i - j + back / 2) / rate > window:
+            break
+        ends.append(j)
     times = np.array([(j - back / 2) / rate for j in ends[::-1]])
     speeds = np.array([np.linalg.norm(poses[j][:3, 3] - poses[j - back][:3, 3]) * rate / back for j in ends[::-1]])
     return times, speeds
@@ -79,8 +83,8 @@ def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: 
         yaw_err, pos_err, right, turned = [], [], [], []
         for i in samples:
             twist = body_twist(geometry.invert_transform(poses[i - back]) @ poses[i], back / rate)
-            recent = _speeds(poses, i, back, rate, speed_window(window, back / rate))
-            change = speed_change(*recent) if window > 0 else 0.0
+            change = speed_change(*_speeds(poses, i, back, rate, speed_window(window, back / rate))) \
+                if window > 0 else 0.0
             truth = geometry.invert_transform(poses[i]) @ poses[i + on]
             moved = predicted_pose(np.eye(4), twist, on / rate, horizon, change)
             true_yaw, yaw = geometry.yaw_deg(truth), geometry.yaw_deg(moved)
