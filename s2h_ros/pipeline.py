@@ -1273,8 +1273,11 @@ class Registrar:
     def _procrustes(self, src: PreparedCloud, tgt: PreparedCloud, pairs: np.ndarray, weights: np.ndarray,
                     timer: _Timer) -> np.ndarray:
         """(4, 4) weighted Procrustes of the (P, 2) matches ``pairs`` with (P,) ``weights``, local
-        frames, refined by ``robust_procrustes_iters`` reweighted fits (DGR's robust step)."""
+        frames, refined by ``robust_procrustes_iters`` reweighted fits (DGR's robust step). Matches of
+        weight 0 (below ``weight_floor``) add nothing to any fit and are left out first."""
         with timer.stage("procrustes"):
+            weighed = weights > 0
+            pairs, weights = pairs[weighed], weights[weighed]
             R, t = geometry.robust_weighted_procrustes(
                 torch.from_numpy(src.xyz[pairs[:, 0]]).double(),
                 torch.from_numpy(tgt.xyz[pairs[:, 1]]).double(),

@@ -53,6 +53,33 @@ def test_length_consistency_separates_rigid_pairs_from_outliers(rng):
     assert float(c[inlier, 0].min()) > 0.9 and float(c[~inlier, 0].mean()) < 0.1
 
 
+def test_length_consistency_in_row_blocks_is_the_one_block_value_and_gradient(rng, monkeypatch):
+    """The CPU makes the (N, A) terms a block of rows at a time; blocks of 64 rows over 400
+    correspondences give the same values and the same gradient in the anchor weights as one block,
+    and inference, which overwrites each block in place, the same values."""
+    from s2h_ros.models import context_inlier
+
+    xs, ys, _, _, _ = _rigid_matches(rng, n_in=200, n_out=200)
+    xs, ys = torch.as_tensor(xs) / VOXEL, torch.as_tensor(ys) / VOXEL
+    anchors = torch.arange(0, 400, 5)
+    taus = torch.tensor([1.0, 2.0, 4.0])
+
+    def consistency_and_gradient(rows: int):
+        monkeypatch.setattr(context_inlier, "CONSISTENCY_ROWS", rows)
+        weights = torch.linspace(0.1, 1.0, len(anchors)).requires_grad_()
+        c = length_consistency(xs, ys, anchors, weights, taus)
+        (c * torch.arange(1.0, 4.0)).sum().backward()
+        return c.detach(), weights.grad
+
+    blocked, one = consistency_and_gradient(64), consistency_and_gradient(100_000)
+    with torch.no_grad():  # inference: the blocks are overwritten in place
+        inferred = length_consistency(xs, ys, anchors, torch.linspace(0.1, 1.0, len(anchors)), taus)
+    assert blocked[0].shape == (400, 3)
+    assert torch.equal(blocked[0], one[0]) and torch.equal(inferred, one[0])
+    assert torch.allclose(blocked[1], one[1], rtol=1e-5, atol=1e-7)
+    assert float(one[1].abs().sum()) > 0.0
+
+
 def test_bad_inputs_raise_and_empty_input_gives_no_logits():
     net = ContextInlierNetwork()
     with pytest.raises(ValueError):
