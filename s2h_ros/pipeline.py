@@ -1634,14 +1634,17 @@ class Registrar:
     def repetition_of(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
                       timer: _Timer | None = None) -> Repetition | None:
         """The strongest sideways-shifted copy of ``result`` (``result_repetition``), also kept in
-        ``result.repetition``; None when the test is off or ``result`` is not trusted. Its time is
-        ``repetition`` in ``result.timings`` (0.1-0.5 s)."""
+        ``result.repetition``; None when the test is off or ``result`` is not trusted. Copies as far
+        as a highway's lamp spacing are looked for where the result's weakest constraint is below
+        ``weak_constraint`` (``result_repetition``'s ``far``). Its time is ``repetition`` in
+        ``result.timings`` (0.1-0.5 s)."""
         cfg = self.config
         if not result.success or cfg.max_repetition <= 0:
             return None
         T = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+        weak = result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.weak_constraint
         with (timer or _Timer(result.timings)).stage("repetition"):
-            result.repetition = result_repetition(src, tgt, T, cfg)
+            result.repetition = result_repetition(src, tgt, T, cfg, far=weak)
         return result.repetition
 
     def unrepeated(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
@@ -1977,20 +1980,33 @@ def moved_off_ground(src: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfi
 
 # A repeated structure's copies are looked for this many inlier distances sideways: from just
 # beyond the result's own peak (0.5 m at the indoor 0.1 m) to a few periods of a pallet-rack bay
-# (2.4-2.9 m) or a row of racks with its aisle (about 4-4.7 m) indoors (5 m), 30 m outdoors.
-REPETITION_SHIFT_DISTANCES = (5.0, 50.0)
+# (2.4-2.9 m) or a row of racks with its aisle (about 4-4.7 m) indoors (5 m), 30 m outdoors; and,
+# for a result the geometry leaves nearly free along one direction (``result_repetition``'s
+# ``far``), to 72 m outdoors, beyond a highway's lamp spacing (30-70 m): a held-out OS1-32 highway
+# scan (world 634) was trusted one lamp period (47.8 m) from the truth, its copy at the truth
+# outside the 30 m (docs/reliability.md, "A copy one lamp period along a highway"). Each square
+# beyond the first ranks its own peaks: the wider square's many must not crowd out nearer copies.
+REPETITION_SHIFT_DISTANCES = (5.0, 50.0, 120.0)  # from, then the radii searched
 
 
-def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> Repetition:
+def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig,
+                      far: bool = False) -> Repetition:
     """The strongest sideways-shifted copy of the result ``T`` (local frames): the source's voxels
     off the ground, with their normals, against the whole target, on a grid of ``inlier_distance``
     (:func:`s2h_ros.repetition.repetition`), shifted along the target's ground: in its levelled frame
     when its features were levelled (a tilted sensor's x, y would lift a slide out of the plane).
+    Within the first of ``REPETITION_SHIFT_DISTANCES``' radii, and with ``far`` within the others
+    too: the caller asks that where the geometry leaves a direction nearly free (a result whose
+    weakest constraint is below ``weak_constraint``, as along a highway), since a copy tens of metres
+    away is a slide along a road; elsewhere a narrow view sharing little of the scene fits a far
+    copy better only because it shares so little (a Livox target's right result in a town, weakest
+    constraint 0.076, had a copy 51 m along the street at 1.67 times its fit).
     With the free-space test on (``max_free_space``) a copy counts only where it would pass that
     test itself: one that lays more of the scan's structure where the target's rays passed is not
     a pose the data support (``Repetition.set_aside`` counts the copies passed over)."""
-    lo, hi = REPETITION_SHIFT_DISTANCES
+    lo, *radii = REPETITION_SHIFT_DISTANCES
     d = cfg.inlier_distance
+    within = tuple(r * d for r in (radii if far else radii[:1]))
     structure, moved = moved_off_ground(src, T, cfg)
     aligned = tgt.feature_frame(moved)
     normals = tgt.feature_frame(src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T)
@@ -2003,10 +2019,10 @@ def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray,
 
     check = admissible if cfg.max_free_space > 0 else None
     if tgt.level is None:
-        return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, hi * d,
+        return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, within,
                           tree=tgt.spatial_index(), admissible=check)
     # A levelled keyframe: shifts along its ground, not its tilted x, y; the copy's shift back in its frame.
-    found = repetition(aligned, normals, tgt.feature_frame_xyz(), d, lo * d, hi * d, admissible=check)
+    found = repetition(aligned, normals, tgt.feature_frame_xyz(), d, lo * d, within, admissible=check)
     return dataclasses.replace(found, shift=found.shift @ tgt.level)
 
 

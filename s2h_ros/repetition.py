@@ -69,7 +69,7 @@ class Repetition:
         how = (f"{self.ratio:.2f} times as well as where it is" if math.isfinite(self.ratio) else
                "better than where it is, where nothing off the ground holds it along the shift")
         return (f"ambiguous: shifted by {self.describe()} the result fits the structure off the ground "
-                f"{how} (max {max_repetition:.2f}): the scene repeats (rack bays, colonnades) or the result "
+                f"{how} (max {max_repetition:.2f}): the scene repeats (rack bays, colonnades, lamp posts) or the result "
                 f"slid along it")
 
     def to_dict(self) -> dict:
@@ -115,10 +115,10 @@ def shift_correlation(aligned: np.ndarray, target: np.ndarray, cell: float, max_
     return full[np.ix_(index % shape[0], index % shape[1])] / len(aligned)
 
 
-def peak_shifts(scores: np.ndarray, cell: float, min_shift: float, count: int) -> np.ndarray:
+def peak_shifts(scores: np.ndarray, cell: float, min_shift: float, count: int, beyond: float = 0.0) -> np.ndarray:
     """``(K, 2)`` float64 shifts (metres) of the ``count`` highest local maxima of ``scores``
-    (``shift_correlation``'s map) at least ``min_shift`` from the centre and off the map's border,
-    highest first."""
+    (``shift_correlation``'s map) at least ``min_shift`` from the centre, off the map's border and,
+    with ``beyond``, outside the square of that half-width (metres), highest first."""
     from scipy import ndimage
 
     m = scores.shape[0] // 2
@@ -126,7 +126,8 @@ def peak_shifts(scores: np.ndarray, cell: float, min_shift: float, count: int) -
     ii, jj = np.nonzero(scores == ndimage.maximum_filter(scores, size=window, mode="nearest"))
     far = np.hypot(ii - m, jj - m) * cell >= min_shift
     inside = (ii > 0) & (jj > 0) & (ii < 2 * m) & (jj < 2 * m)
-    ii, jj = ii[far & inside], jj[far & inside]
+    outside = np.maximum(np.abs(ii - m), np.abs(jj - m)) * cell > beyond
+    ii, jj = ii[far & inside & outside], jj[far & inside & outside]
     order = np.argsort(-scores[ii, jj], kind="stable")[:count]
     return np.column_stack([ii[order] - m, jj[order] - m]).astype(np.float64) * cell
 
@@ -173,20 +174,39 @@ CANDIDATE_PEAKS = 8
 WEIGHED_POINTS = 5000
 
 
+def _peaks_within(scores: np.ndarray, cell: float, min_shift: float, radii: tuple[float, ...]) -> np.ndarray:
+    """``(K, 2)`` shifts: the ``CANDIDATE_PEAKS`` highest peaks (``peak_shifts``) within the square
+    of the first radius, then as many between each square and the next (the map spans the largest).
+    A far copy overlaps the target less, so its correlation is lower than many near peaks' even
+    where its directional ratio is the highest (a highway's lamp period, 48 m: docs/reliability.md)."""
+    m = scores.shape[0] // 2
+    found, inner = [], 0.0
+    for radius in sorted(radii):
+        r = min(m, int(np.ceil(radius / cell)))
+        square = scores[m - r:m + r + 1, m - r:m + r + 1]
+        found.append(peak_shifts(square, cell, min_shift, CANDIDATE_PEAKS, beyond=inner))
+        inner = r * cell
+    return np.concatenate(found)
+
+
 def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cell: float, min_shift: float,
-               max_shift: float, tree=None, admissible: Callable[[np.ndarray], bool] | None = None) -> Repetition:
+               max_shift: float | tuple[float, ...], tree=None,
+               admissible: Callable[[np.ndarray], bool] | None = None) -> Repetition:
     """The repetition of a result: ``aligned`` ``(N, 3)`` source points off the ground, already
     moved by the result into the target's frame, with their ``(N, 3)`` unit normals (rotated
     likewise); ``target`` ``(M, 3)`` (``tree``: its cKDTree when one exists). Shifts of
     ``min_shift`` to ``max_shift`` metres in x and y on a grid of ``cell``: the correlation map's
     ``CANDIDATE_PEAKS`` highest peaks, each weighed by :func:`directional_ratio`; the highest
     ratio among the copies ``admissible`` allows (a ``(3,)`` shift -> bool; None: all) wins, and
-    ``set_aside`` counts the stronger ones it did not (see the module text)."""
+    ``set_aside`` counts the stronger ones it did not (see the module text). ``max_shift`` may be
+    increasing radii, each square searched for its own highest peaks: the many peaks of a wide
+    square (a highway's guard-rail posts, cars) must not crowd out the nearer copies."""
     from scipy.spatial import cKDTree
 
     if len(aligned) == 0 or len(target) == 0:
         return Repetition(0.0, np.zeros(3), 0.0)
-    scores = shift_correlation(aligned, target, cell, max_shift)
+    radii = (max_shift,) if np.isscalar(max_shift) else tuple(max_shift)
+    scores = shift_correlation(aligned, target, cell, max(radii))
     m = scores.shape[0] // 2
     fit = float(scores[m - 1:m + 2, m - 1:m + 2].max())
     tree = cKDTree(target) if tree is None else tree
@@ -195,7 +215,7 @@ def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cel
         aligned, normals = aligned[keep], normals[keep]
     fits = tree.query(aligned, distance_upper_bound=cell)[0] < cell
     copies = []  # (ratio, shift) of each peak that does not slide back onto the result itself
-    for peak in peak_shifts(scores, cell, min_shift, CANDIDATE_PEAKS):
+    for peak in _peaks_within(scores, cell, min_shift, radii):
         shift = settled_shift(aligned, target, tree, peak, cell)
         if np.linalg.norm(shift) >= min_shift:
             copies.append((directional_ratio(aligned, normals, fits, tree, shift, cell), np.append(shift, 0.0)))
