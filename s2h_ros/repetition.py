@@ -118,7 +118,8 @@ def shift_correlation(aligned: np.ndarray, target: np.ndarray, cell: float, max_
 def peak_shifts(scores: np.ndarray, cell: float, min_shift: float, count: int, beyond: float = 0.0) -> np.ndarray:
     """``(K, 2)`` float64 shifts (metres) of the ``count`` highest local maxima of ``scores``
     (``shift_correlation``'s map) at least ``min_shift`` from the centre, off the map's border and,
-    with ``beyond``, outside the square of that half-width (metres), highest first."""
+    with ``beyond``, not inside the square of that half-width (metres; its border is outside), highest
+    first."""
     from scipy import ndimage
 
     m = scores.shape[0] // 2
@@ -126,7 +127,7 @@ def peak_shifts(scores: np.ndarray, cell: float, min_shift: float, count: int, b
     ii, jj = np.nonzero(scores == ndimage.maximum_filter(scores, size=window, mode="nearest"))
     far = np.hypot(ii - m, jj - m) * cell >= min_shift
     inside = (ii > 0) & (jj > 0) & (ii < 2 * m) & (jj < 2 * m)
-    outside = np.maximum(np.abs(ii - m), np.abs(jj - m)) * cell > beyond
+    outside = np.maximum(np.abs(ii - m), np.abs(jj - m)) * cell >= beyond
     ii, jj = ii[far & inside & outside], jj[far & inside & outside]
     order = np.argsort(-scores[ii, jj], kind="stable")[:count]
     return np.column_stack([ii[order] - m, jj[order] - m]).astype(np.float64) * cell

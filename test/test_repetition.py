@@ -160,10 +160,13 @@ def test_a_far_copy_is_heard_beside_the_many_nearer_peaks_of_a_wider_square():
         if k:
             scores[m + k, m] = 0.9
     scores[m + 45, m] = 0.3  # the copy 4.5 m away
+    scores[m, m - 20] = 0.25  # one on the inner square's border: a slope there, a peak in the wider map
     whole = peak_shifts(scores, 0.1, 0.2, 8)
     assert len(whole) == 8 and not np.any(np.all(np.isclose(whole, [4.5, 0.0]), axis=1))
+    inner = peak_shifts(scores[m - 20:m + 21, m - 20:m + 21], 0.1, 0.2, 20)
+    assert not np.any(np.all(np.isclose(inner, [0.0, -2.0]), axis=1))
     beyond = peak_shifts(scores, 0.1, 0.2, 8, beyond=2.0)
-    np.testing.assert_allclose(beyond, [[4.5, 0.0]])
+    np.testing.assert_allclose(beyond, [[4.5, 0.0], [0.0, -2.0]])
 
 
 def test_the_correlation_at_zero_is_the_fit_of_the_aligned_points():
