@@ -78,6 +78,8 @@ def test_length_consistency_in_row_blocks_is_the_one_block_value_and_gradient(rn
     assert torch.equal(blocked[0], one[0]) and torch.equal(inferred, one[0])
     assert torch.allclose(blocked[1], one[1], rtol=1e-5, atol=1e-7)
     assert float(one[1].abs().sum()) > 0.0
+    none = torch.zeros(0, 3)
+    assert length_consistency(none, none, torch.zeros(0, dtype=torch.long), torch.ones(0), taus).shape == (0, 3)
 
 
 def test_bad_inputs_raise_and_empty_input_gives_no_logits():

@@ -110,9 +110,10 @@ def length_consistency(xs: torch.Tensor, ys: torch.Tensor, anchors: torch.Tensor
     w = anchor_weights / anchor_weights.sum().clamp_min(1e-9)
     widths = [float(t) for t in taus]
     in_place = not (torch.is_grad_enabled() and any(t.requires_grad for t in (xs, ys, anchor_weights)))
-    rows = xs.shape[0] if xs.device.type != "cpu" else CONSISTENCY_ROWS
+    n = xs.shape[0]
+    rows = max(n, 1) if xs.device.type != "cpu" else CONSISTENCY_ROWS
     blocks = []
-    for start in range(0, xs.shape[0], rows):
+    for start in range(0, max(n, 1), rows):  # no correspondence: one empty block, (0, len(taus))
         c = torch.cdist(xs[start:start + rows], xa) - torch.cdist(ys[start:start + rows], ya)
         c2 = c.mul_(c) if in_place else c * c  # (rows, A)
         blocks.append(torch.stack(_kernel_means(c2, widths, w, in_place), 1))
