@@ -458,6 +458,11 @@ ZERO_MOTION_TILT_DEG = 20.0
 # whichever test refused it) only with this many times the rival's inlier matches
 # (Registrar._without_rival).
 RIVAL_INLIER_RATIO = 1.5
+# ... and against a rival turned more than RIVAL_HEADING_DEG that passed every test itself, this many:
+# counts found at different source headings compare poorly (the features see a turned scan
+# differently). Set on few cases (docs/reliability.md, "Two trusted headings"): a road turned
+# around trusted with 2.1x the truth's matches; right results beside trusted turned copies 1.7-6.5x.
+TURNED_RIVAL_INLIER_RATIO = 2.5
 RIVAL_FITNESS_SHARE = 0.5
 # A heading heard only because every heading is heard (``hear_every_heading``) is left out when
 # this many times its screened inlier estimate stays below what a rival needs
@@ -480,7 +485,8 @@ SURFACE_TOLERANCE = 1.0 / 6.0
 
 # A degenerate hypothesis turned this much from the result (another heading hypothesis's half of
 # the 90 deg between two) is still a rival: the structure along the weak direction leaves the
-# position along it open, not the heading (Registrar._without_rival).
+# position along it open, not the heading; and a trusted hypothesis turned this much needs
+# TURNED_RIVAL_INLIER_RATIO (Registrar._without_rival).
 RIVAL_HEADING_DEG = 45.0
 
 
@@ -1003,7 +1009,14 @@ class Registrar:
         on a fresh one (docs/reliability.md). Two right hypotheses of one pair land up to 0.35 m
         apart outdoors (development worlds) and 0.1 m at 0.05 m voxels (a held-out depth-camera
         pair was refused beside its twin 0.1 m away), while the wrong rivals found were 6-27 m
-        off: they agree within the inlier distance."""
+        off: they agree within the inlier distance.
+
+        A rival turned more than ``RIVAL_HEADING_DEG`` from the result that passed every test
+        itself needs ``TURNED_RIVAL_INLIER_RATIO`` times its matches: the features of a scan turned
+        to another heading see it differently, so counts found at different headings compare
+        poorly (a held-out VLP-16 highway pair, turned 157 deg: the road turned around, 11 m / 180
+        deg off, 62 inlier matches at the 180 deg heading, beside the truth with 30 at 270 deg, both
+        trusted; docs/reliability.md, "Two trusted headings")."""
         cfg = self.config
         if not result.success:
             return result
@@ -1012,6 +1025,18 @@ class Registrar:
                   and not _pins_no_pose(c, cfg, result.transform, src, tgt)
                   and not agree(c.transform, result.transform, cfg.inlier_distance)]
         if not rivals:
+            return result
+        turned = [c for c in rivals
+                  if c.success and geometry.transform_errors(c.transform, result.transform)[0] > RIVAL_HEADING_DEG]
+        rival = max(turned, key=lambda c: c.num_inliers, default=None)
+        if rival is not None and result.num_inliers < TURNED_RIVAL_INLIER_RATIO * rival.num_inliers:
+            re, te = geometry.transform_errors(rival.transform, result.transform)
+            result.success = False
+            result.message = (f"ambiguous: the heading {rival.heading_deg:.0f} deg hypothesis, turned {re:.0f} deg and "
+                              f"{te:.1f} m away, passed every test too ({rival.num_inliers} inlier matches, fitness "
+                              f"{rival.fitness:.2f}; this one {result.num_inliers}, {result.fitness:.2f}; need "
+                              f"{TURNED_RIVAL_INLIER_RATIO:g}x its matches to stand): the scene fits the scan turned "
+                              "as well as the right way, and inlier counts found at different headings compare poorly")
             return result
         rival = max(rivals, key=lambda c: c.num_inliers)
         if result.num_inliers >= RIVAL_INLIER_RATIO * rival.num_inliers:
