@@ -538,16 +538,22 @@ def _pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: 
     matches beside right results with 37-56), or where the geometry hardly constrains a direction
     (weakest constraint below ``min_constraint``): matches of structure extended along it support
     every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31).
-    A degenerate result still pins the heading, at zero motion too (its matches lie on structure
-    along the road, which turns with the scan): turned more than ``RIVAL_HEADING_DEG`` from the
-    transform ``against`` (the result it may rival), it contradicts that one (held-out OS1-64
-    highway, world 822: a relocalisation trusted the road turned around, 16.6 m / 180 deg off, with
-    68 inlier matches at fitness 0.36, beside the heading as given with 609, degenerate along the
-    road and slid to zero motion)."""
+    A degenerate result, or one in the grey zone below ``weak_constraint`` (refused as a slide),
+    still pins the heading, at zero motion too (its matches lie on structure along the road or the
+    room, which turns with the scan): turned more than ``RIVAL_HEADING_DEG`` from the transform
+    ``against`` (the result it may rival), it contradicts that one (held-out OS1-64 highway, world
+    822: a relocalisation trusted the road turned around, 16.6 m / 180 deg off, with 68 inlier
+    matches at fitness 0.36, beside the heading as given with 609, degenerate along the road and
+    slid to zero motion; a held-out depth-camera office at 0.3 m, world 487: trusted turned around,
+    13 m off, moved along its weak direction to where 4 inlier matches remained, beside the right
+    heading with 842, refused as a slide at zero motion in the grey zone)."""
     if result.success:
         return False
+    weak = result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.weak_constraint
+    if weak and geometry.transform_errors(result.transform, against)[0] > RIVAL_HEADING_DEG:
+        return False
     if result.degeneracy is not None and result.degeneracy.eigenvalue < cfg.min_constraint:
-        return geometry.transform_errors(result.transform, against)[0] <= RIVAL_HEADING_DEG
+        return True
     return at_zero_motion(result.transform, cfg, src, tgt)
 
 

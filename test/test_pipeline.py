@@ -1,6 +1,7 @@
 """register(): SHM_DGR end to end on real and generated pairs, with clear failures."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -731,6 +732,27 @@ def test_a_degenerate_hypothesis_at_another_heading_is_a_rival_even_at_zero_moti
     assert stands(turned_around(), hypothesis(0.1, 0.0, 40, 0.66, degenerate=True))  # 1.7 times its matches
     assert stands(along(), hypothesis(0.1, 0.0, 609, 0.66, degenerate=True))  # slid along the road: no rival
     assert stands(along(), hypothesis(1.0, 30.0, 609, 0.66, degenerate=True))  # within RIVAL_HEADING_DEG
+    # In the grey zone (refused as a slide, weakest constraint between min_constraint and
+    # weak_constraint) at zero motion: the heading pinned as well, only the position left open.
+    grey = hypothesis(0.1, 0.0, 842, 0.91, degenerate=True)
+    grey.degeneracy = dataclasses.replace(grey.degeneracy, eigenvalue=(cfg.min_constraint + cfg.weak_constraint) / 2)
+    assert not stands(hypothesis(-13.0, 180.0, 40, 0.67, degenerate=False), grey)
+    assert stands(along(), grey)  # about the result's heading, at zero motion: the rings' alias, no rival
+
+
+def test_an_office_turned_around_is_not_trusted_beside_the_right_heading_refused_as_a_slide():
+    """Held-out depth-camera office (world 487) at the outdoor 0.3 m voxels, two views 2.4 m
+    apart: the right heading (842 inlier matches, fitness 0.91) lands near zero motion, in the grey
+    zone along the room, and is refused as a slide; the view turned around, moved along its weak
+    direction to where its structure fits (4 inlier matches left there), passed every test and was
+    trusted 13 m / 180 deg off. A hypothesis refused in the grey zone still pins the heading: a
+    rival now, and the turned result is refused as ambiguous."""
+    from s2h_ros.evaluation.matrix import Cell, PairSettings, cell_pairs
+
+    office = Cell("depth_camera/office", "sensor", "indoor", "office", "depth_camera", "depth_camera", seed=487)
+    pair = next(p for p in cell_pairs(office, PairSettings(n=5)) if p.name == "synthetic_s487_00067_00000")
+    result = Registrar(RegistrationConfig()).register(pair.source, pair.target)
+    assert not result.success and "ambiguous: the heading 0 deg hypothesis" in result.message, result.message
 
 
 def test_a_trusted_hypothesis_at_another_heading_needs_a_wider_margin_of_inlier_matches():
