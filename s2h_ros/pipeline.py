@@ -343,8 +343,8 @@ class RegistrationResult:
     # search's and of tracking's after a stale prediction (s2h_ros.odometry); None where not asked
     # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
     repetition: Repetition | None = None
-    # The fine stage of a pair registered from its input points (``fine_voxel``): generalized ICP
-    # on the input clouds from the refined result; ``transform`` is its result when ``fine.used``.
+    # The fine stage of a pair registered from its input points (``fine_voxel``): robust
+    # point-to-plane ICP on the input clouds from the refined result; ``transform`` is its result when ``fine.used``.
     # None where it did not run (prepared clouds, as the odometry gives; refine none; fine_voxel off).
     fine: Refinement | None = None
     # Metres along the weakest direction (target frame) a global search's result refused as a slide
@@ -1414,9 +1414,11 @@ class Registrar:
 
     def _polished(self, result: RegistrationResult, source: CheckedCloud, target: CheckedCloud) -> RegistrationResult:
         """``result`` with the fine stage (``fine_voxel``, :func:`fine_registration`) on the checked
-        input clouds, kept when it moves the refined transform by less than half the inlier distance
-        and ``FINE_MAX_TURN_DEG``: a bigger move is another answer, not a polish, and trust was
-        decided for this one. ``result.fine`` says how it went."""
+        input clouds, kept when it moves the refined transform by less than half a voxel
+        (``voxel_size / 2``) and ``FINE_MAX_TURN_DEG``: a bigger move is another answer, not a polish,
+        and trust was decided for this one. Half the inlier distance (0.3 m outdoors), the bound
+        before 2026-12-06, let the stage slide highway results along the road by 10-30 cm
+        (docs/evaluation.md, "The fine stage again"). ``result.fine`` says how it went."""
         cfg = self.config
         if cfg.refine != "icp" or not 0 < cfg.fine_voxel < cfg.voxel_size:
             return result
@@ -1424,7 +1426,7 @@ class Registrar:
         start = geometry.shift_transform(result.transform, -source.origin, -target.origin)  # local frames
         with _Timer(result.timings).stage("fine"):
             polished = fine_registration(source.xyz, target.xyz, start, cfg)
-        fine = Refinement.bounded(start, polished, cfg.inlier_distance / 2, FINE_MAX_TURN_DEG,
+        fine = Refinement.bounded(start, polished, cfg.voxel_size / 2, FINE_MAX_TURN_DEG,
                                   "the fine stage moved the result", 1e3 * (time.perf_counter() - t0))
         result.transform = geometry.shift_transform(fine.pose, source.origin, target.origin)
         result.fine = dataclasses.replace(fine, pose=result.transform)
@@ -1851,18 +1853,27 @@ def _rings_apart(cloud: "PreparedCloud") -> bool:
 
 
 # The fine stage may turn the refined result by less than this (the agreement angle), and runs at
-# most this many generalized-ICP iterations.
+# most this many ICP iterations. The target's normals come from at most FINE_NORMAL_NEIGHBOURS
+# points within FINE_NORMAL_RADIUS_VOXELS x voxel_size (1.5 m at 0.3 m voxels): wider than a
+# 16-32-beam lidar's ring spacing on the ground and on walls 10-20 m off, so that a normal is the
+# surface's, not one ring's.
 FINE_MAX_TURN_DEG = AGREE_ROTATION_DEG
 FINE_ITERATIONS = 50
+FINE_NORMAL_NEIGHBOURS = 30
+FINE_NORMAL_RADIUS_VOXELS = 5.0
 
 
 def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
-    """``(4, 4)`` generalized ICP (Segal et al. 2009, Open3D) of ``(N, 3)`` onto ``(M, 3)`` input
-    points, both downsampled at ``cfg.fine_voxel``, correspondences within ``cfg.voxel_size``, from
-    ``T``: the pair's fine stage. Plane-to-plane covariances suit a sparse lidar's rings, where
-    point-to-plane ICP at the same 0.1-0.15 m diverged (development worlds, VLP-16: 2-18 m off).
-    Its fitness says nothing of whether it helped (development pairs: the best polish, 13 cm, fitted
-    0.006 worse), so ``Registrar`` bounds how far it may move a result instead."""
+    """``(4, 4)`` robust point-to-plane ICP (Open3D, Tukey kernel of half ``cfg.voxel_size``) of
+    ``(N, 3)`` onto ``(M, 3)`` input points, both downsampled at ``cfg.fine_voxel``, correspondences
+    within ``cfg.voxel_size``, from ``T``: the pair's fine stage. The target's normals are fitted
+    over a patch wider than a sparse lidar's rings (``FINE_NORMAL_RADIUS_VOXELS``). Generalized ICP
+    with its own 20-neighbour covariances, the stage before 2026-12-06, fitted each ring's line and
+    tilted 16-32-beam results (VLP-16 parking lot of world 927, where this stage was chosen: mean
+    RE 0.29 deg without a stage, 0.54 with that one, 0.18 with this one; held out, matrix base 4321,
+    252 pairs: mean RE 0.081 -> 0.066 deg, worst cell 0.42 -> 0.31; docs/evaluation.md, "The fine
+    stage again"). Its fitness says nothing of whether it helped, so ``Registrar`` bounds how far
+    it may move a result instead."""
     import open3d as o3d
 
     reg = o3d.pipelines.registration
@@ -1871,9 +1882,12 @@ def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Regi
         points = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
         return points.voxel_down_sample(cfg.fine_voxel)
 
-    res = reg.registration_generalized_icp(cloud(src), cloud(tgt), cfg.voxel_size, T,
-                                           reg.TransformationEstimationForGeneralizedICP(),
-                                           reg.ICPConvergenceCriteria(1e-6, 1e-6, FINE_ITERATIONS))
+    source, target = cloud(src), cloud(tgt)
+    target.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(FINE_NORMAL_RADIUS_VOXELS * cfg.voxel_size,
+                                                                 FINE_NORMAL_NEIGHBOURS))
+    res = reg.registration_icp(source, target, cfg.voxel_size, T,
+                               reg.TransformationEstimationPointToPlane(reg.TukeyLoss(k=cfg.voxel_size / 2)),
+                               reg.ICPConvergenceCriteria(1e-6, 1e-6, FINE_ITERATIONS))
     return np.asarray(res.transformation, dtype=np.float64)
 
 

@@ -131,7 +131,7 @@ def _register(args: argparse.Namespace) -> int:
           f"fitness {result.fitness:.3f}, features {result.features_used or result.feature_kind}, "
           f"estimator {'RANSAC safeguard (' + result.fallback + ')' if result.used_fallback else 'learned weights'}")
     if result.fine is not None:
-        print(f"fine stage (generalized ICP at {cfg.fine_voxel:g} m): " + (
+        print(f"fine stage (point-to-plane ICP at {cfg.fine_voxel:g} m): " + (
             f"moved the result {100 * result.fine.moved_m:.1f} cm / {result.fine.moved_deg:.3f} deg"
             if result.fine.used else result.fine.message))
     dropped = {k: v for k, v in result.dropped_points.items() if v}
