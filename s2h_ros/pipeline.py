@@ -344,7 +344,8 @@ class RegistrationResult:
     # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
     repetition: Repetition | None = None
     # The fine stage of a pair registered from its input points (``fine_voxel``): robust
-    # point-to-plane ICP on the input clouds from the refined result; ``transform`` is its result when ``fine.used``.
+    # point-to-plane ICP on the input clouds from the refined result; ``transform`` is its result
+    # when ``fine.used``.
     # None where it did not run (prepared clouds, as the odometry gives; refine none; fine_voxel off).
     fine: Refinement | None = None
     # Metres along the weakest direction (target frame) a global search's result refused as a slide
@@ -1816,19 +1817,25 @@ def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Registratio
         return T
     import open3d as o3d
 
-    reg = o3d.pipelines.registration
     ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
     pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
     pt.normals = o3d.utility.Vector3dVector(np.asarray(normals, dtype=np.float64))
+    return open3d_point_to_plane(ps, pt, T, distances, cfg.refine_tolerance, cfg.refine_iters)
+
+
+def open3d_point_to_plane(source, target, T: np.ndarray, distances: list[float], tolerance: float,
+                          iterations: int) -> np.ndarray:
+    """``(4, 4)``: Open3D's robust point-to-plane ICP of the ``source`` point cloud onto ``target``
+    (an Open3D cloud with normals) from ``T``, once per correspondence distance in ``distances``,
+    each with a Tukey kernel of half that distance; ``tolerance``: Open3D's relative fitness and
+    RMSE criteria; ``iterations``: at most, per distance."""
+    import open3d as o3d
+
+    reg = o3d.pipelines.registration
     for distance in distances:
-        res = reg.registration_icp(
-            ps,
-            pt,
-            distance,
-            T,
-            reg.TransformationEstimationPointToPlane(reg.TukeyLoss(k=distance / 2)),
-            reg.ICPConvergenceCriteria(cfg.refine_tolerance, cfg.refine_tolerance, cfg.refine_iters),
-        )
+        res = reg.registration_icp(source, target, distance, T,
+                                   reg.TransformationEstimationPointToPlane(reg.TukeyLoss(k=distance / 2)),
+                                   reg.ICPConvergenceCriteria(tolerance, tolerance, iterations))
         T = np.asarray(res.transformation, dtype=np.float64)
     return T
 
@@ -1876,8 +1883,6 @@ def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Regi
     it may move a result instead."""
     import open3d as o3d
 
-    reg = o3d.pipelines.registration
-
     def cloud(xyz: np.ndarray):
         points = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
         return points.voxel_down_sample(cfg.fine_voxel)
@@ -1885,10 +1890,8 @@ def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: Regi
     source, target = cloud(src), cloud(tgt)
     target.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(FINE_NORMAL_RADIUS_VOXELS * cfg.voxel_size,
                                                                  FINE_NORMAL_NEIGHBOURS))
-    res = reg.registration_icp(source, target, cfg.voxel_size, T,
-                               reg.TransformationEstimationPointToPlane(reg.TukeyLoss(k=cfg.voxel_size / 2)),
-                               reg.ICPConvergenceCriteria(1e-6, 1e-6, FINE_ITERATIONS))
-    return np.asarray(res.transformation, dtype=np.float64)
+    return open3d_point_to_plane(source, target, np.asarray(T, dtype=np.float64), [cfg.voxel_size], 1e-6,
+                                 FINE_ITERATIONS)
 
 
 def heading_order(hypotheses: int, prior_yaw_deg: float | None = None) -> list[float]:
