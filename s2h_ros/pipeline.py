@@ -651,6 +651,16 @@ class Registrar:
         self._models = None  # (fcgf, inlier or None, voxel the weights were trained at), loaded lazily
         self._rng = np.random.default_rng(self.config.seed)
 
+    def with_config(self, config: RegistrationConfig) -> "Registrar":
+        """A registrar for ``config`` that shares this one's networks, loaded now, when both read the
+        same weight file onto the same device (a variant of one configuration, e.g. an ablation,
+        without a second copy of the weights); otherwise its own, loaded when first asked."""
+        other = Registrar(config)
+        if other.device == self.device and other.weights_path() == self.weights_path() \
+                and self.feature_kind() == "fcgf":
+            other._models = self._load_models()
+        return other
+
     def warm_up(self) -> None:
         """Load now what the first registration would otherwise load under its own clock: the
         weights (learned features) and, where the ICP runs in Open3D (``icp_on_device`` false), the

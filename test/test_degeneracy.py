@@ -166,8 +166,7 @@ def test_a_degenerate_pair_is_not_trusted(name, registrar):
     assert result.to_dict()["degeneracy"]["weakest_constraint"] == result.degeneracy.eigenvalue
     # Without the gate the same data is "trusted": fitness and inliers do not see the free direction.
     # (Its grey zone off too: there a global search's result at zero motion is not trusted either.)
-    ungated = Registrar(RegistrationConfig(min_constraint=0.0, weak_constraint=0.0))
-    ungated._models = registrar._load_models()
+    ungated = registrar.with_config(RegistrationConfig(min_constraint=0.0, weak_constraint=0.0))
     loose = ungated.register(source, target)
     assert loose.success and loose.fitness > 0.9, loose.message
 
@@ -303,8 +302,7 @@ def test_a_16_beam_slide_in_the_grey_zone_is_not_trusted(registrar):
     assert alias.slide.gain >= cfg.slide_margin, alias.slide
     assert abs(alias.slide.shift - np.linalg.norm(truth[:3, 3])) < 0.7, alias.slide
     assert alias.to_dict()["slide_evidence"]["structures"] >= 10
-    ungated = Registrar(cfg.replace(weak_constraint=0.0))
-    ungated._models = registrar._load_models()
+    ungated = registrar.with_config(cfg.replace(weak_constraint=0.0))
     assert ungated.refine(src, tgt, np.eye(4)).success
 
 
@@ -344,8 +342,7 @@ def test_a_slide_is_moved_to_where_its_poles_fit_and_trusted_there(registrar):
     re, te = geometry.transform_errors(moved.transform, truth)
     assert te < 0.2 and re < 0.5, (te, re)
     assert abs(moved.slid_m - np.linalg.norm(truth[:3, 3])) < 0.7 and moved.to_dict()["slid_m"] == moved.slid_m
-    off = Registrar(registrar.config.replace(slide_recovery=False))
-    off._models = registrar._load_models()
+    off = registrar.with_config(registrar.config.replace(slide_recovery=False))
     assert off._slide_recovered(src, tgt, alias, _Timer()) is alias and not alias.success
 
     rng = np.random.default_rng(3)
@@ -371,9 +368,8 @@ def test_tracking_that_collapses_onto_the_rings_is_moved_to_where_its_poles_fit(
     from s2h_ros.datasets.synthetic import simulate_sequence
 
     seq = simulate_sequence(n_frames=150, seed=802, sensor="vlp16", family="highway")
-    every_voxel = Registrar(registrar.config.replace(icp_min_planarity=0.0))
-    off = Registrar(every_voxel.config.replace(slide_recovery=False))
-    every_voxel._models = off._models = registrar._load_models()
+    every_voxel = registrar.with_config(registrar.config.replace(icp_min_planarity=0.0))
+    off = registrar.with_config(every_voxel.config.replace(slide_recovery=False))
     for a in (10, 20):
         truth = geometry.invert_transform(seq.poses[a]) @ seq.poses[a + 1]
         prediction = truth.copy()

@@ -145,6 +145,17 @@ def test_s2h_records_the_ground_truth_inlier_fraction_of_its_matches():
     assert record["info"]["gt_inlier_ratio"] < 0.5 * info["gt_inlier_ratio"]
 
 
+def test_s2h_records_why_the_ransac_safeguard_estimated_a_transform():
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+    from s2h_ros.evaluation.methods import make_method
+
+    pair = synthetic_pairs(1, 5, sensor="vlp16")[0]
+    _, learned = run_pair(make_method("s2h:heading_hypotheses=1", "outdoor"), pair)
+    _, ransac = run_pair(make_method("s2h:heading_hypotheses=1+use_inlier_model=false", "outdoor"), pair)
+    assert learned["success"] and (learned["info"]["used_fallback"], learned["info"]["fallback"]) == (False, "")
+    assert (ransac["info"]["used_fallback"], ransac["info"]["fallback"]) == (True, "no inlier network")
+
+
 def test_recall_grid_and_heat_map(tmp_path):
     from s2h_ros.evaluation.plots import recall_heatmap
 

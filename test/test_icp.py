@@ -95,8 +95,7 @@ def test_icp_against_the_targets_planes_stays_at_the_truth_where_the_rings_pull_
     (the default 0.6: line-like ones take their wider neighbourhood's normal or are left out) it
     stays within 0.2 deg and 3 cm."""
     registrar, src, tgt, truth = handheld_vlp16_pair
-    every_voxel = Registrar(registrar.config.replace(icp_min_planarity=0.0))
-    every_voxel._models = registrar._load_models()
+    every_voxel = registrar.with_config(registrar.config.replace(icp_min_planarity=0.0))
     rings = every_voxel.refine(src, tgt, truth)
     planar = registrar.refine(src, tgt, truth)
     ring_re, ring_te = geometry.transform_errors(rings.transform, truth)

@@ -529,10 +529,8 @@ def test_a_handheld_step_tracked_3_deg_off_is_refused_by_the_map_or_restarted_on
     # starts ICP elsewhere, and tracking from that prediction lands scan 50 0.15 deg from the truth
     # without a restart).
     every_voxel = default_odometry_registrar.config.replace(icp_min_planarity=0.0, robust_procrustes_iters=0)
-    registrars = {name: Registrar(cfg) for name, cfg in (("unrestarted", every_voxel),
-                                                         ("restarted", every_voxel.replace(tilt_restart_deg=2.5)))}
-    for registrar in registrars.values():
-        registrar._models = default_odometry_registrar._load_models()
+    registrars = {name: default_odometry_registrar.with_config(cfg)
+                  for name, cfg in (("unrestarted", every_voxel), ("restarted", every_voxel.replace(tilt_restart_deg=2.5)))}
     registrars["planes"] = default_odometry_registrar
     follow_steps = odometry.FOLLOW_STEPS
     for name, registrar in registrars.items():

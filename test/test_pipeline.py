@@ -160,6 +160,16 @@ def test_auto_features_pick_the_shipped_weights_trained_at_the_configured_voxel(
     assert result.used_fallback and "no inlier network" in result.fallback
 
 
+def test_a_variant_registrar_shares_the_loaded_networks_only_where_it_reads_the_same_weights():
+    base = Registrar(RegistrationConfig())
+    variant = base.with_config(base.config.replace(refine="none"))
+    assert variant.config.refine == "none" and base.config.refine == "icp"
+    assert variant._load_models() is base._load_models()  # one copy of the weights, not two
+    indoor = base.with_config(base.config.replace(voxel_size=0.05))  # the shipped indoor weights
+    assert indoor.weights_path() != base.weights_path() and indoor._models is None
+    assert base.with_config(base.config.replace(features="fpfh"))._models is None
+
+
 def test_shipped_weights_register_a_held_out_synthetic_pair_by_default():
     from s2h_ros.datasets.synthetic import synthetic_pairs
     pair = synthetic_pairs(1, seed=5)[0]  # seeds 0-999 are never trained on
@@ -183,8 +193,7 @@ def test_the_robust_refit_brings_the_learned_estimate_closer_before_icp_on_held_
     from s2h_ros.datasets.synthetic import synthetic_pairs
     pairs = synthetic_pairs(2, seed=5)
     robust_reg = Registrar(RegistrationConfig(refine="none", robust_procrustes_iters=10))
-    plain_reg = Registrar(robust_reg.config.replace(robust_procrustes_iters=0))
-    plain_reg._models = robust_reg._load_models()
+    plain_reg = robust_reg.with_config(robust_reg.config.replace(robust_procrustes_iters=0))
     prepared = [(robust_reg.prepare(pair.source), robust_reg.prepare(pair.target)) for pair in pairs]  # once for both
 
     def errors(reg: Registrar) -> np.ndarray:
@@ -509,15 +518,13 @@ def test_a_highway_pair_turned_around_is_not_trusted_beside_the_right_heading():
     assert not default.success and re < 0.5 and te < 0.1, (default.message, re, te)
     assert "heading 180 deg hypothesis, turned 180 deg" in default.message and "passed every test too" in default.message
     every_voxel = RegistrationConfig(icp_min_planarity=0.0)
-    recovered = Registrar(every_voxel)
-    recovered._models = planes._load_models()
+    recovered = planes.with_config(every_voxel)
     src, tgt = recovered.prepare(pair.source), recovered.prepare(pair.target)
     right = recovered.register(src, tgt)
     re, te = geometry.transform_errors(right.transform, pair.T_gt)
     assert not right.success and re < 1.0 and te < 0.5, (right.message, re, te)
     assert "passed every test too" in right.message, right.message
-    reg = Registrar(every_voxel.replace(slide_recovery=False))
-    reg._models = recovered._load_models()
+    reg = recovered.with_config(every_voxel.replace(slide_recovery=False))
     result = reg.register(src, tgt)
     re, te = geometry.transform_errors(result.transform, pair.T_gt)
     assert re > 170 and te > 20 and result.heading_deg == 180.0  # turned around

@@ -219,8 +219,7 @@ def test_a_colonnade_that_repeats_every_5_m_is_not_trusted(registrar):
     xs = np.arange(-60.0, 61.0, 5.0)
     surfaces = colonnade(xs, xs + 2.0)
     target, source = scan(surfaces, "hdl64", 0.0, rng), scan(surfaces, "hdl64", 5.0, rng)
-    unchecked = Registrar(RegistrationConfig(max_repetition=0.0))
-    unchecked._models = registrar._load_models()
+    unchecked = registrar.with_config(RegistrationConfig(max_repetition=0.0))
     loose = unchecked.register(source, target)
     assert loose.success, loose.message
     assert loose.repetition is None  # not asked when off

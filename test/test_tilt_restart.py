@@ -69,8 +69,7 @@ def test_a_result_already_right_or_of_a_dense_lidar_or_with_restarts_off_stays_a
     src, tgt, truth = handheld_vlp16
     right = registrar.refine(src, tgt, truth)
     assert registrar.tilt_restarted(src, tgt, right) is right and right.restarted_deg is None
-    off = Registrar(registrar.config.replace(tilt_restart_deg=0.0))
-    off._models = registrar._load_models()
+    off = registrar.with_config(registrar.config.replace(tilt_restart_deg=0.0))
     stuck = off.refine(src, tgt, _tilted(truth, (1, 0, 0), 3.0))
     assert off.tilt_restarted(src, tgt, stuck) is stuck
     dense = simulate_sequence(n_frames=2, seed=839, sensor="os1_64", family="parking_lot", **CARRIERS["handheld"])

@@ -193,7 +193,7 @@ class PipelineMethod:
             timings={k: v / 1e3 for k, v in r.timings.items() if k != "total"},
             info={"message": r.message, "correspondences": len(r.correspondences), "inliers": r.num_inliers,
                   "inlier_ratio": r.inlier_ratio, "fitness": r.fitness, "structure_fit": r.structure_fit,
-                  "used_fallback": r.used_fallback, "slid_m": r.slid_m,
+                  "used_fallback": r.used_fallback, "fallback": r.fallback, "slid_m": r.slid_m,
                   "feature_kind": r.feature_kind, "heading_deg": float(getattr(r, "heading_deg", 0.0)),
                   **_fine_info(getattr(r, "fine", None))},
             matches=matches, match_inlier_distance=float(self.config.inlier_distance))
