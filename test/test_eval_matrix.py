@@ -203,7 +203,10 @@ def test_matrix_command_writes_json_markdown_heat_map_and_streamed_records(tmp_p
     assert [(r["cell"], r["pair"]) for r in streamed] == [(r["cell"], r["pair"]) for r in result["pairs"]]
     table = (out / "m.md").read_text()
     assert table == result["table"] and table in proc.stdout
-    lines = table.splitlines()
+    per_cell, totals = table.split("\n\n")  # the cells, then the totals per group
+    assert [ln.split("|")[1].strip() for ln in totals.splitlines()[2:]] == ["outdoor", "mixed", "all"]
+    assert result["totals"]["all"]["fpfh_ransac"]["pairs"] == len(keys)
+    lines = per_cell.splitlines()
     assert "fpfh_ransac recall (%)" in lines[0] and "fpfh_ransac s/pair" in lines[0]
     assert "inlier frac." not in lines[0]  # FPFH + RANSAC has no S2H matches
     assert [ln.split("|")[1].strip() for ln in lines[2:]] == keys
@@ -249,6 +252,40 @@ def test_summary_and_table_count_truth_inliers_and_wrong_trusted_results_per_cel
     assert tunnel_row["s2h wrong trusted"] == "1" and tunnel_row["s2h RE (deg)"] == "-"
     assert tunnel_row["s2h RANSAC (trusted)"] == "1 (0)"
     assert "fpfh_ransac inlier frac." not in header
+
+
+def test_totals_count_the_ransac_safeguard_and_wrong_results_per_group_of_cells():
+    cells = mx.matrix_cells(0, sensors="vlp16", families="town,tunnel", indoor_sensors="", mixed="vlp16:os1_128",
+                            mixed_families="town", real="kitti-loop")
+
+    def record(cell, method, ok, success, fallback=""):
+        info = {"used_fallback": bool(fallback), "fallback": fallback} if method == "s2h" else {}
+        return {"cell": cell, "method": method, "registered": ok, "success": success, "info": info,
+                "meta": {"shared_view": 0.0 if cell == "vlp16/tunnel" and not ok else 0.5}}
+
+    records = [record("vlp16/town", "s2h", True, True), record("vlp16/town", "s2h", True, True, "learned estimate not trusted"),
+               record("vlp16/town", "fpfh_ransac", False, True),
+               record("vlp16/tunnel", "s2h", False, False, "inlier weight sum below 30"),
+               record("vlp16/tunnel", "s2h", False, True, "inlier weight sum below 41"),
+               record("vlp16/tunnel", "s2h", True, False),
+               record("vlp16>os1_128/town", "s2h", True, True), record("real/kitti-loop", "s2h", True, True, "x")]
+    totals = mx.matrix_totals(cells, records, ["s2h", "fpfh_ransac"])
+    assert set(totals) == {"outdoor", "outdoor, degenerate", "mixed", "real", "all"}
+    town, degenerate, every = totals["outdoor"]["s2h"], totals["outdoor, degenerate"]["s2h"], totals["all"]["s2h"]
+    assert (town["pairs"], town["registered"], town["trusted"], town["wrong_trusted"]) == (2, 2, 2, 0)
+    assert (town["fallbacks"], town["trusted_fallbacks"]) == (1, 1)
+    assert town["fallback_reasons"] == {"learned estimate not trusted": 1}
+    assert (degenerate["pairs"], degenerate["registered"], degenerate["wrong_trusted"]) == (3, 1, 1)
+    assert (degenerate["in_view"], degenerate["registered_in_view"]) == (1, 1)  # two shared no view
+    assert degenerate["fallback_reasons"] == {"inlier weight sum below": 2}  # the numbers left out
+    assert (every["pairs"], every["fallbacks"], every["trusted_fallbacks"]) == (7, 4, 3)
+    assert totals["outdoor"]["fpfh_ransac"]["fallbacks"] is None and "fpfh_ransac" not in totals["mixed"]
+    rows = [[v.strip() for v in ln.split("|")[1:-1]] for ln in mx.totals_table(totals, ["s2h", "fpfh_ransac"]).splitlines()]
+    header, body = rows[0], {(r[0], r[1]): dict(zip(rows[0], r)) for r in rows[2:]}
+    assert header[:3] == ["cells", "method", "pairs"]
+    assert body[("all", "s2h")]["RANSAC (trusted)"] == "4 (3)" and body[("all", "s2h")]["RANSAC share (%)"] == "57.1"
+    assert body[("outdoor, degenerate", "s2h")]["recall (%)"] == "33"
+    assert body[("outdoor", "fpfh_ransac")]["RANSAC (trusted)"] == "-"
 
 
 def test_pairs_without_a_shared_view_are_counted_apart_from_the_recall_over_the_others():

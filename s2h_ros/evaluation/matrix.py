@@ -44,6 +44,10 @@ MIXED = ("vlp16:os1_128", "os1_128:vlp16", "hdl32:livox")
 MIXED_FAMILIES = ("town", "suburban")
 REAL = ("kitti-loop", "3dmatch-demo")
 REAL_SCALE = {"kitti-loop": "outdoor", "3dmatch-demo": "indoor"}
+# Scenes whose geometry leaves a direction free (issue 15: they "may be lower", and must not be
+# trusted wrong): the totals count them apart from the other outdoor cells.
+DEGENERATE_FAMILIES = ("open_field", "tunnel")
+GROUPS = ("outdoor", "outdoor, degenerate", "mixed", "indoor", "real", "all")
 SCALE_THRESHOLD = {"outdoor": THRESHOLDS["kitti"], "indoor": THRESHOLDS["3dmatch"]}
 SCALE_VOXEL = {"outdoor": 0.3, "indoor": 0.05}
 
@@ -337,6 +341,84 @@ def matrix_table(cells: list[Cell], summary: dict[str, dict[str, dict]], methods
                 if has_matches(m) else []
             row += [_fmt(s["time_mean_s"], 1, 2)]
         rows.append(row)
+    return markdown_table(header, rows)
+
+
+def cell_group(cell: Cell) -> str:
+    """The totals' group of a cell (``GROUPS``): real pairs, mixed-sensor cells, indoor cells, and
+    outdoor cells apart from the degenerate families (``DEGENERATE_FAMILIES``)."""
+    if cell.kind in ("real", "mixed"):
+        return cell.kind
+    if cell.scale == "indoor":
+        return "indoor"
+    return "outdoor, degenerate" if cell.family in DEGENERATE_FAMILIES else "outdoor"
+
+
+def matrix_totals(cells: list[Cell], records: list[dict], methods: list[str],
+                  min_shared_view: float = PairSettings.min_shared_view) -> dict[str, dict[str, dict]]:
+    """``{group: {method: counts}}`` over the records made so far (``GROUPS``; "all" is every
+    pair): ``pairs``, ``registered`` (within the cell's recall thresholds), ``in_view`` and
+    ``registered_in_view`` (pairs with a shared view, :func:`without_view`), ``trusted``,
+    ``wrong_trusted``, and for s2h methods ``fallbacks`` (transforms the RANSAC safeguard
+    estimated), ``trusted_fallbacks``, and ``fallback_reasons`` (``{reason: pairs}``, from records
+    that name it), else None: what issue 12 asks to be reported, the fallback rate, read per group
+    because the safeguard lives where the learned path finds nothing."""
+    group_of = {c.key: cell_group(c) for c in cells}
+    out: dict[str, dict[str, dict]] = {}
+    for group in GROUPS:
+        for method in methods:
+            own = [r for r in records if r["method"] == method
+                   and (group == "all" or group_of.get(r.get("cell")) == group)]
+            if not own:
+                continue
+            seen = [r for r in own if not without_view(r, min_shared_view)]
+            counts: dict[str, Any] = {
+                "pairs": len(own), "registered": sum(bool(r["registered"]) for r in own),
+                "in_view": len(seen), "registered_in_view": sum(bool(r["registered"]) for r in seen),
+                "trusted": sum(bool(r["success"]) for r in own),
+                "wrong_trusted": sum(bool(r["success"]) and not r["registered"] for r in own),
+                "fallbacks": None, "trusted_fallbacks": None, "fallback_reasons": None}
+            if has_matches(method):
+                safeguard = [r for r in own if r.get("info", {}).get("used_fallback")]
+                reasons: dict[str, int] = {}
+                for r in safeguard:
+                    reason = _reason(r["info"].get("fallback", ""))
+                    reasons[reason] = reasons.get(reason, 0) + 1
+                counts.update(fallbacks=len(safeguard), trusted_fallbacks=sum(bool(r["success"]) for r in safeguard),
+                              fallback_reasons=reasons)
+            out.setdefault(group, {})[method] = counts
+    return out
+
+
+def _reason(fallback: str) -> str:
+    """A fallback reason without its numbers ("inlier weight sum below 30" -> "inlier weight sum
+    below"), so that the totals count kinds; "unknown" for records made before reasons were kept."""
+    words = [w for w in fallback.split() if not w.replace(".", "", 1).isdigit()]
+    return " ".join(words) or "unknown"
+
+
+def totals_table(totals: dict[str, dict[str, dict]], methods: list[str]) -> str:
+    """Markdown: one row per group and method: pairs, recall (%) over all and over those with a
+    shared view, trusted, wrong trusted, and for s2h methods the RANSAC safeguard's transforms (of
+    them trusted) with their share of the pairs and the reasons."""
+    from s2h_ros.evaluation.report import _fmt, markdown_table
+
+    header = ["cells", "method", "pairs", "recall (%)", "recall, shared view (%)", "trusted", "wrong trusted",
+              "RANSAC (trusted)", "RANSAC share (%)", "RANSAC why"]
+    rows = []
+    for group in GROUPS:
+        for method in methods:
+            t = totals.get(group, {}).get(method)
+            if t is None:
+                continue
+            safeguard = t["fallbacks"] is not None
+            rows.append([group, method, str(t["pairs"]), _fmt(t["registered"] / t["pairs"], 100, 0),
+                         _fmt(t["registered_in_view"] / t["in_view"] if t["in_view"] else None, 100, 0),
+                         str(t["trusted"]), str(t["wrong_trusted"]),
+                         f"{t['fallbacks']} ({t['trusted_fallbacks']})" if safeguard else "-",
+                         _fmt(t["fallbacks"] / t["pairs"], 100, 1) if safeguard else "-",
+                         ", ".join(f"{k} {v}" for k, v in sorted(t["fallback_reasons"].items())) if safeguard
+                         and t["fallback_reasons"] else "-"])
     return markdown_table(header, rows)
 
 
