@@ -546,7 +546,7 @@ def run_matrix(args: argparse.Namespace) -> int:
                 stopped = exc.signum
                 result["interrupted"] = signal_name(stopped)
     summary = mx.summarize_matrix(cells, records, settings.min_shared_view)
-    totals = mx.matrix_totals(cells, list(records), names, settings.min_shared_view)
+    totals = mx.matrix_totals(cells, records, names, settings.min_shared_view)
     result.update(cells=[mx.cell_record(c) for c in cells], summary=summary, totals=totals, pairs=list(records),
                   table=mx.matrix_table(cells, summary, names) + "\n" + mx.totals_table(totals, names))
     status = _write_matrix(args, result, cells, summary, names)

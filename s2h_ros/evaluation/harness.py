@@ -123,13 +123,7 @@ def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
     return {
         **summarize_pairs([r["re_deg"] for r in records], [r["te_m"] for r in records], threshold),
         "reported_success": float(np.mean([r["success"] for r in records])),
-        # trusted (success) but beyond the recall thresholds: what a user must never be handed
-        "wrong_trusted": int(sum(bool(r["success"]) and not r["registered"] for r in records)),
-        "trusted": int(sum(bool(r["success"]) for r in records)),
-        # pairs whose transform came from DGR's RANSAC safeguard instead of learned weights, and
-        # those of them reported as trusted (the safeguard's answer is what the user is handed)
-        "fallbacks": _fallbacks(records, trusted_only=False),
-        "trusted_fallbacks": _fallbacks(records, trusted_only=True),
+        **trust_counts(records),
         "exceptions": int(sum(r["error"] is not None for r in records)),
         "time_mean_s": float(wall.mean()),
         "time_median_s": float(np.median(wall)),
@@ -139,6 +133,18 @@ def summarize_method(records: list[dict], threshold: RecallThreshold) -> dict:
         "cuda_peak_mb_max": float(max(cuda)) if cuda else None,
         "info_mean": _info_means(records),
     }
+
+
+def trust_counts(records: list[dict]) -> dict[str, int | None]:
+    """Of ``records`` (each with ``success`` and ``registered``): ``trusted``; ``wrong_trusted``,
+    trusted but beyond the recall thresholds, what a user must never be handed; ``fallbacks``,
+    the pairs whose transform came from DGR's RANSAC safeguard instead of learned weights, and
+    ``trusted_fallbacks``, those of them reported as trusted (the safeguard's answer is what the
+    user is handed); both None for a method that does not report the safeguard."""
+    return {"wrong_trusted": int(sum(bool(r["success"]) and not r["registered"] for r in records)),
+            "trusted": int(sum(bool(r["success"]) for r in records)),
+            "fallbacks": _fallbacks(records, trusted_only=False),
+            "trusted_fallbacks": _fallbacks(records, trusted_only=True)}
 
 
 def _fallbacks(records: list[dict], trusted_only: bool) -> int | None:

@@ -359,10 +359,12 @@ def matrix_totals(cells: list[Cell], records: list[dict], methods: list[str],
     """``{group: {method: counts}}`` over the records made so far (``GROUPS``; "all" is every
     pair): ``pairs``, ``registered`` (within the cell's recall thresholds), ``in_view`` and
     ``registered_in_view`` (pairs with a shared view, :func:`without_view`), ``trusted``,
-    ``wrong_trusted``, and for s2h methods ``fallbacks`` (transforms the RANSAC safeguard
-    estimated), ``trusted_fallbacks``, and ``fallback_reasons`` (``{reason: pairs}``, from records
-    that name it), else None: what issue 12 asks to be reported, the fallback rate, read per group
-    because the safeguard lives where the learned path finds nothing."""
+    ``wrong_trusted``, ``fallbacks`` and ``trusted_fallbacks`` (``harness.trust_counts``: None for
+    methods that do not report the RANSAC safeguard), and ``fallback_reasons`` (``{reason: pairs}``,
+    where ``fallbacks`` is not None): what issue 12 asks to be reported, the fallback rate, read per
+    group because the safeguard lives where the learned path finds nothing."""
+    from s2h_ros.evaluation.harness import trust_counts
+
     group_of = {c.key: cell_group(c) for c in cells}
     out: dict[str, dict[str, dict]] = {}
     for group in GROUPS:
@@ -375,17 +377,14 @@ def matrix_totals(cells: list[Cell], records: list[dict], methods: list[str],
             counts: dict[str, Any] = {
                 "pairs": len(own), "registered": sum(bool(r["registered"]) for r in own),
                 "in_view": len(seen), "registered_in_view": sum(bool(r["registered"]) for r in seen),
-                "trusted": sum(bool(r["success"]) for r in own),
-                "wrong_trusted": sum(bool(r["success"]) and not r["registered"] for r in own),
-                "fallbacks": None, "trusted_fallbacks": None, "fallback_reasons": None}
-            if has_matches(method):
-                safeguard = [r for r in own if r.get("info", {}).get("used_fallback")]
+                **trust_counts(own), "fallback_reasons": None}
+            if counts["fallbacks"] is not None:
                 reasons: dict[str, int] = {}
-                for r in safeguard:
-                    reason = _reason(r["info"].get("fallback", ""))
-                    reasons[reason] = reasons.get(reason, 0) + 1
-                counts.update(fallbacks=len(safeguard), trusted_fallbacks=sum(bool(r["success"]) for r in safeguard),
-                              fallback_reasons=reasons)
+                for r in own:
+                    if r["info"]["used_fallback"]:
+                        reason = _reason(r["info"].get("fallback", ""))
+                        reasons[reason] = reasons.get(reason, 0) + 1
+                counts["fallback_reasons"] = reasons
             out.setdefault(group, {})[method] = counts
     return out
 
