@@ -165,6 +165,53 @@ def test_shards_round_trip(tmp_path, rng):
     assert np.array_equal(back[0].xs, samples[0].xs) and np.allclose(back[0].T_gt, samples[0].T_gt)
 
 
+def test_indoor_matches_are_made_as_the_depth_camera_node_makes_them(tmp_path):
+    """``s2h train matches --params-file config/depth_camera.yaml --min-overlap``: the pairs' overlap
+    reaches the floor, the shard says the voxel, inlier distance and prior radius it was matched
+    at, and its matches are the indoor FCGF's at 0.05 m (true matches within 0.1 m, not 0.6 m)."""
+    import json
+    from pathlib import Path
+
+    from s2h_ros.config import configs_from_params_files
+    from s2h_ros.datasets.types import overlap_ratio
+    from s2h_ros.training.data import OVERLAP_VOXEL
+    from s2h_ros.training.match_data import _world_pairs, write_matches
+
+    config = configs_from_params_files([Path(__file__).parents[1] / "config" / "depth_camera.yaml"])[0]
+    pairs = _world_pairs(4200, "vlp16", "rooms", 2, 0.3, 2.5, 0.25)
+    assert len(pairs) == 2 and all(overlap_ratio(p, OVERLAP_VOXEL) >= 0.25 for p in pairs)
+    out = write_matches(tmp_path / "train", range(4200, 4201), ["vlp16"], ["rooms"], 1, 0.3, 2.5, config,
+                        log=lambda m: None, min_overlap=0.25)
+    shard = out / "matches_4200.npz"
+    with np.load(shard) as z:
+        meta = json.loads(str(z["info"]))["meta"]
+    assert (meta["voxel"], meta["inlier_distance"], meta["prior_radius"], meta["min_overlap"]) == (0.05, 0.1, 0.25, 0.25)
+    samples = load_shard(shard)
+    assert [s.search for s in samples] == ["global", "prior"]
+    prior = samples[1]
+    assert len(prior.xs) > 300 and float((prior.residuals() < 0.1).mean()) > 0.1
+
+
+def test_fine_tuning_starts_from_the_networks_of_a_weight_file_and_validates_at_its_scale():
+    """``s2h train context --init``: the network starts as the file's (here the indoor weights'),
+    whatever the shape options say; recall's translation threshold follows the inlier distance
+    (DGR's 0.6 m outdoors, 0.1 m at the indoor 0.1 m)."""
+    import argparse
+
+    from s2h_ros.training.context_trainer import _initial_network
+
+    path = shipped_weights(0.05)
+    args = argparse.Namespace(init=path, channels=64, blocks=4, stages=2, anchors=256, first_anchors="random")
+    net = _initial_network(args)
+    shipped = load_inlier(path)
+    assert net.training and net.config.to_dict() == shipped.config.to_dict()
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), shipped.state_dict().values()))
+    fresh = _initial_network(argparse.Namespace(**{**vars(args), "init": None}))
+    assert fresh.config.stages == 2 and fresh.config.channels == 64
+    assert ContextInlierTask(net, 0.05, torch.device("cpu"), 0.1).te_threshold == pytest.approx(0.1)
+    assert ContextInlierTask(net, VOXEL, torch.device("cpu")).te_threshold == pytest.approx(0.6)
+
+
 def _register_with(weights_path, pair, **changes):
     registrar = Registrar(RegistrationConfig(weights=str(weights_path), **changes))
     return registrar, registrar.register(pair.source[:, :3], pair.target[:, :3])

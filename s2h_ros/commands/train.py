@@ -105,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--max-distance", type=float, default=20.0, help="max sensor distance of a pair (m)")
     m.add_argument("--weights", default="", help="FCGF weights (default: the shipped ones)")
     m.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    m.add_argument("--params-file", type=Path, nargs="+", default=[], metavar="FILE",
+                   help="match as registration_node with these ROS 2 parameter files does (their registration.* "
+                        "keys: voxel size, inlier distance, prior radius), e.g. config/depth_camera.yaml for indoor "
+                        "matches at 0.05 m; default: the defaults (0.3 m)")
+    m.add_argument("--min-overlap", type=float, default=0.0,
+                   help="keep only pairs whose overlap (the smaller of its two fractions, at 0.05 m) reaches this")
 
     c = sub.add_parser("context", help="train the context inlier network on cached matches")
     _loop_options(c, data="matches")
@@ -116,6 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--first-anchors", choices=("random", "probability"), default="random",
                    help="stage 1 anchors: uniform random, or the matches of highest S-step probability")
     c.add_argument("--inlier-distance", type=float, default=0.6, help="label inlier distance (m)")
+    c.add_argument("--init", type=Path,
+                   help="start from the context inlier network of this file (e.g. the shipped weights); "
+                        "its configuration replaces --channels, --blocks, --stages, --anchors, --first-anchors")
 
     k = sub.add_parser("pack", help="one weights file for the pipeline: an FCGF checkpoint plus an inlier network")
     k.add_argument("--fcgf", type=Path, required=True, help="FCGF checkpoint (its keys are kept)")
@@ -182,10 +191,13 @@ def _run_data(args: argparse.Namespace) -> int:
 def _run_matches(args: argparse.Namespace) -> int:
     import torch
 
-    from s2h_ros.config import RegistrationConfig
+    from s2h_ros.config import RegistrationConfig, configs_from_params_files
     from s2h_ros.training.match_data import write_matches
 
     torch.set_num_threads(args.threads)
+    config = configs_from_params_files(args.params_file)[0] if args.params_file else RegistrationConfig()
+    if args.weights:
+        config = config.replace(weights=args.weights)
     write_matches(args.out, range(*args.seeds), args.sensors, args.families, args.per_world, args.min_distance,
-                  args.max_distance, RegistrationConfig(weights=args.weights), log=lambda m: print(m, flush=True))
+                  args.max_distance, config, log=lambda m: print(m, flush=True), min_overlap=args.min_overlap)
     return 0

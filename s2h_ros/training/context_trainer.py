@@ -27,6 +27,7 @@ from s2h_ros.training.match_data import MatchSample
 from s2h_ros.training.validation import RE_THRESH_DEG, TE_THRESH_M, procrustes_transform
 
 MIN_TRUE_INLIERS = 10
+OUTDOOR_INLIER_DISTANCE = 0.6  # m: the label distance at the outdoor 0.3 m voxels (2 voxels)
 MAX_MATCHES = 8000  # matches per training step (a sample's random subset above)
 
 
@@ -38,6 +39,8 @@ class ContextInlierTask:
         self.nets = {"inlier": net.to(device)}
         self.voxel, self.device = voxel, device
         self.inlier_distance, self.weight_floor = inlier_distance, weight_floor
+        # recall's translation threshold: DGR's KITTI 0.6 m at the outdoor 0.6 m inlier distance, scaled with it
+        self.te_threshold = TE_THRESH_M * inlier_distance / OUTDOOR_INLIER_DISTANCE
 
     def param_groups(self, lr: float) -> list[dict]:
         return [{"params": list(self.nets["inlier"].parameters()), "lr": lr}]
@@ -96,7 +99,7 @@ class ContextInlierTask:
             hit = False
             if T is not None:
                 re, te = transform_errors(T[None], s.T_gt[None])
-                hit = bool(re[0] < RE_THRESH_DEG and te[0] < TE_THRESH_M)
+                hit = bool(re[0] < RE_THRESH_DEG and te[0] < self.te_threshold)
                 if hit:
                     re_all.append(float(re[0]))
                     te_all.append(float(te[0]))
@@ -131,7 +134,19 @@ def train_context_inlier(args) -> dict:
     train_samples = load_matches(Path(args.matches) / "train")[: args.train_pairs or None]
     val_samples = load_matches(Path(args.matches) / "val")[: args.val_pairs or None]
     torch.manual_seed(args.seed)
-    cfg = ContextInlierConfig(channels=args.channels, blocks=args.blocks, stages=args.stages, anchors=args.anchors,
-                              first_anchors=args.first_anchors)
-    task = ContextInlierTask(ContextInlierNetwork(cfg), args.voxel, info.device, args.inlier_distance)
+    task = ContextInlierTask(_initial_network(args), args.voxel, info.device, args.inlier_distance)
     return train(task, train_samples, val_samples, loop_config(args), info)
+
+
+def _initial_network(args) -> ContextInlierNetwork:
+    """A new network of the options' shape, or (``--init``) a copy of the context network of a
+    weight file, to fine-tune (e.g. the outdoor one on indoor matches: it works in voxel units)."""
+    if getattr(args, "init", None):
+        from s2h_ros.models.checkpoint import load_inlier
+
+        net = load_inlier(args.init)
+        if not isinstance(net, ContextInlierNetwork):
+            raise ValueError(f"--init {args.init}: its inlier network is not the context network")
+        return net.train()
+    return ContextInlierNetwork(ContextInlierConfig(channels=args.channels, blocks=args.blocks, stages=args.stages,
+                                                    anchors=args.anchors, first_anchors=args.first_anchors))

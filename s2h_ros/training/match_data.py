@@ -35,10 +35,12 @@ import torch
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.outputs import write_bytes
-from s2h_ros.training.data import RESERVED_EVAL_SEEDS
+from s2h_ros.training.data import OVERLAP_VOXEL, RESERVED_EVAL_SEEDS
 
 FORMAT = "s2h_ros.match_cache/1"
 SEARCHES = ("global", "prior")
+PRIOR_SIGMA_SHARE = 1.0 / 6.0  # the tracking samples' prior error (sigma) as a share of prior_radius
+OVERLAP_CANDIDATES = 4  # with min_overlap: pairs drawn per wanted pair before the overlap filter
 
 
 @dataclass
@@ -60,12 +62,16 @@ class MatchSample:
 
 
 def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.ndarray, rng: np.random.Generator,
-                 wrong_heading: float = 0.2, prior_sigma: float = 0.25, prior_yaw_sigma_deg: float = 1.0,
+                 wrong_heading: float = 0.2, prior_sigma: float | None = None, prior_yaw_sigma_deg: float = 1.0,
                  name: str = "") -> list[MatchSample]:
-    """The ``global`` and ``prior`` samples of one pair (``(N, 3)`` clouds, ``T_gt`` source -> target)."""
+    """The ``global`` and ``prior`` samples of one pair (``(N, 3)`` clouds, ``T_gt`` source -> target).
+    ``prior_sigma``: metres of the prior's horizontal error; default ``PRIOR_SIGMA_SHARE`` of the
+    registrar's ``prior_radius`` (0.25 m outdoors, 0.04 m with config/depth_camera.yaml's 0.25 m)."""
     from s2h_ros.pipeline import match_features
 
     cfg = registrar.config
+    if prior_sigma is None:
+        prior_sigma = PRIOR_SIGMA_SHARE * cfg.prior_radius
     turn = float(rng.uniform(-180.0, 180.0))  # the sensor may face any way relative to the target
     source = geometry.apply_transform(geometry.yaw_transform(turn), source.astype(np.float64)).astype(np.float32)
     T = np.asarray(T_gt, np.float64) @ geometry.yaw_transform(-turn)
@@ -121,12 +127,29 @@ def load_matches(split_dir: str | Path) -> list[MatchSample]:
     return [s for f in files for s in load_shard(f)]
 
 
+def _world_pairs(seed: int, sensor: str, family: str, per_world: int, min_distance: float, max_distance: float,
+                 min_overlap: float) -> list:
+    """``per_world`` pairs of world ``seed``; with ``min_overlap`` only pairs whose ``overlap_ratio``
+    reaches it (a depth camera that turned away sees nothing of the other view), drawn from
+    ``OVERLAP_CANDIDATES`` times as many. Raises RuntimeError when the drive is too short for them."""
+    from s2h_ros.datasets.synthetic import synthetic_pairs
+    from s2h_ros.datasets.types import overlap_ratio
+
+    if min_overlap <= 0.0:
+        return synthetic_pairs(per_world, seed, min_distance=min_distance, max_distance=max_distance,
+                               sensor=sensor, family=family)
+    drawn = synthetic_pairs(per_world * OVERLAP_CANDIDATES, seed, min_distance=min_distance,
+                            max_distance=max_distance, sensor=sensor, family=family)
+    return [p for p in drawn if overlap_ratio(p, OVERLAP_VOXEL) >= min_overlap][:per_world]
+
+
 def write_matches(out_dir: str | Path, seeds: range, sensors: list[str], families: list[str], per_world: int,
                   min_distance: float, max_distance: float, config: RegistrationConfig | None = None,
-                  log=print) -> Path:
-    """Generate the samples of worlds ``seeds`` (sensor and family drawn per world) into ``out_dir``;
-    worlds whose shard exists are skipped (resume)."""
-    from s2h_ros.datasets.synthetic import synthetic_pairs
+                  log=print, min_overlap: float = 0.0) -> Path:
+    """Generate the samples of worlds ``seeds`` (sensor and family drawn per world) into ``out_dir``,
+    matched as a registrar with ``config`` matches them (voxel size, prior radius, weights: e.g.
+    config/depth_camera.yaml's for indoor matches at 0.05 m); worlds whose shard exists are
+    skipped (resume). ``min_overlap``: see ``_world_pairs``."""
     from s2h_ros.pipeline import Registrar
 
     if any(s in RESERVED_EVAL_SEEDS for s in (seeds.start, seeds.stop - 1)):
@@ -142,8 +165,7 @@ def write_matches(out_dir: str | Path, seeds: range, sensors: list[str], familie
         sensor, family = str(rng.choice(sensors)), str(rng.choice(families))
         t0 = time.perf_counter()
         try:
-            pairs = synthetic_pairs(per_world, seed, min_distance=min_distance, max_distance=max_distance,
-                                    sensor=sensor, family=family)
+            pairs = _world_pairs(seed, sensor, family, per_world, min_distance, max_distance, min_overlap)
         except RuntimeError as err:  # a drive too short for the pairs: skip the world
             log(f"world {seed}: {err}")
             continue
@@ -152,9 +174,12 @@ def write_matches(out_dir: str | Path, seeds: range, sensors: list[str], familie
             with torch.no_grad():
                 samples += pair_samples(registrar, np.asarray(pair.source)[:, :3], np.asarray(pair.target)[:, :3],
                                         pair.T_gt, rng, name=pair.name)
+        cfg = registrar.config
         _save_shard(path, samples, {"seed": seed, "sensor": sensor, "family": family,
-                                    "min_distance": min_distance, "max_distance": max_distance})
-        inl = [float((s.residuals() < 0.6).mean()) if len(s.xs) else 0.0 for s in samples]
+                                    "min_distance": min_distance, "max_distance": max_distance,
+                                    "min_overlap": min_overlap, "voxel": cfg.voxel_size,
+                                    "inlier_distance": cfg.inlier_distance, "prior_radius": cfg.prior_radius})
+        inl = [float((s.residuals() < cfg.inlier_distance).mean()) if len(s.xs) else 0.0 for s in samples]
         log(f"world {seed} {sensor}/{family}: {len(samples)} samples, matches "
             f"{[len(s.xs) for s in samples]}, inlier fraction {[round(x, 2) for x in inl]} "
             f"({time.perf_counter() - t0:.1f} s)")
