@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from s2h_ros.config import RegistrationConfig
 from s2h_ros.geometry import transform_errors, weighted_procrustes
 from s2h_ros.matching import balanced_bce, motion_loss
 from s2h_ros.models.context_inlier import ContextInlierConfig, ContextInlierNetwork
@@ -27,7 +28,7 @@ from s2h_ros.training.match_data import MatchSample
 from s2h_ros.training.validation import RE_THRESH_DEG, TE_THRESH_M, procrustes_transform
 
 MIN_TRUE_INLIERS = 10
-OUTDOOR_INLIER_DISTANCE = 0.6  # m: the label distance at the outdoor 0.3 m voxels (2 voxels)
+OUTDOOR_INLIER_DISTANCE = RegistrationConfig().inlier_distance  # m: the label distance at the outdoor 0.3 m voxels
 MAX_MATCHES = 8000  # matches per training step (a sample's random subset above)
 
 
@@ -35,7 +36,7 @@ class ContextInlierTask:
     """The context inlier network plugged into ``training.loop.train`` (one MatchSample per step)."""
 
     def __init__(self, net: ContextInlierNetwork, voxel: float, device: torch.device,
-                 inlier_distance: float = 0.6, weight_floor: float = 0.05) -> None:
+                 inlier_distance: float = OUTDOOR_INLIER_DISTANCE, weight_floor: float = 0.05) -> None:
         self.nets = {"inlier": net.to(device)}
         self.voxel, self.device = voxel, device
         self.inlier_distance, self.weight_floor = inlier_distance, weight_floor
@@ -141,7 +142,7 @@ def train_context_inlier(args) -> dict:
 def _initial_network(args) -> ContextInlierNetwork:
     """A new network of the options' shape, or (``--init``) a copy of the context network of a
     weight file, to fine-tune (e.g. the outdoor one on indoor matches: it works in voxel units)."""
-    if getattr(args, "init", None):
+    if args.init:
         from s2h_ros.models.checkpoint import load_inlier
 
         net = load_inlier(args.init)

@@ -28,6 +28,12 @@ RESERVED_EVAL_SEEDS = range(0, 1000)  # held-out evaluation worlds: never train 
 OVERLAP_VOXEL = 0.05  # grid of the --min-overlap test (m)
 
 
+def overlaps_enough(pair: PointCloudPair, min_overlap: float) -> bool:
+    """The ``--min-overlap`` test of training pairs: its ``overlap_ratio`` at ``OVERLAP_VOXEL``
+    reaches ``min_overlap`` (always true for 0: no test)."""
+    return min_overlap <= 0.0 or overlap_ratio(pair, OVERLAP_VOXEL) >= min_overlap
+
+
 class CacheError(ValueError):
     """A pair cache that is missing, incomplete or corrupt."""
 
@@ -145,7 +151,7 @@ def synthetic_training_pairs(n: int, seed: int, per_world: int = 5, sensor: str 
                 k //= 2
         if k >= 1:
             for pair in pairs:
-                if min_overlap <= 0.0 or overlap_ratio(pair, OVERLAP_VOXEL) >= min_overlap:
+                if overlaps_enough(pair, min_overlap):
                     yield pair
                     made += 1
         world += 1

@@ -35,7 +35,7 @@ import torch
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.outputs import write_bytes
-from s2h_ros.training.data import OVERLAP_VOXEL, RESERVED_EVAL_SEEDS
+from s2h_ros.training.data import RESERVED_EVAL_SEEDS, overlaps_enough
 
 FORMAT = "s2h_ros.match_cache/1"
 SEARCHES = ("global", "prior")
@@ -133,14 +133,13 @@ def _world_pairs(seed: int, sensor: str, family: str, per_world: int, min_distan
     reaches it (a depth camera that turned away sees nothing of the other view), drawn from
     ``OVERLAP_CANDIDATES`` times as many. Raises RuntimeError when the drive is too short for them."""
     from s2h_ros.datasets.synthetic import synthetic_pairs
-    from s2h_ros.datasets.types import overlap_ratio
 
     if min_overlap <= 0.0:
         return synthetic_pairs(per_world, seed, min_distance=min_distance, max_distance=max_distance,
                                sensor=sensor, family=family)
     drawn = synthetic_pairs(per_world * OVERLAP_CANDIDATES, seed, min_distance=min_distance,
                             max_distance=max_distance, sensor=sensor, family=family)
-    return [p for p in drawn if overlap_ratio(p, OVERLAP_VOXEL) >= min_overlap][:per_world]
+    return [p for p in drawn if overlaps_enough(p, min_overlap)][:per_world]
 
 
 def write_matches(out_dir: str | Path, seeds: range, sensors: list[str], families: list[str], per_world: int,
@@ -157,6 +156,7 @@ def write_matches(out_dir: str | Path, seeds: range, sensors: list[str], familie
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     registrar = Registrar(config or RegistrationConfig())
+    cfg = registrar.config
     for seed in seeds:
         path = out / f"matches_{seed}.npz"
         if path.exists():
@@ -174,7 +174,6 @@ def write_matches(out_dir: str | Path, seeds: range, sensors: list[str], familie
             with torch.no_grad():
                 samples += pair_samples(registrar, np.asarray(pair.source)[:, :3], np.asarray(pair.target)[:, :3],
                                         pair.T_gt, rng, name=pair.name)
-        cfg = registrar.config
         _save_shard(path, samples, {"seed": seed, "sensor": sensor, "family": family,
                                     "min_distance": min_distance, "max_distance": max_distance,
                                     "min_overlap": min_overlap, "voxel": cfg.voxel_size,
