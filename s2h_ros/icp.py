@@ -1,6 +1,6 @@
 """Robust point-to-plane ICP on a torch device: the refinement where ``device`` is a GPU.
 
-The pipeline's refinement (``pipeline.refine_icp``) is Open3D's point-to-plane ICP with a Tukey
+The pipeline's refinement (``refinement.refine_icp``) is Open3D's point-to-plane ICP with a Tukey
 kernel, on the CPU. On a GPU machine that CPU work is as large as the whole device path (measured
 on an H200 with a held-out 64-beam drive: registration ICP and the local map's ICP together about
 60 ms of a 200 ms step, docs/performance.md), so the same algorithm runs here on the registrar's

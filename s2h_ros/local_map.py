@@ -6,7 +6,7 @@ that one keyframe, so every step carries its own error and every keyframe switch
 The fine refinement then aligns the scan, downsampled at ``map_voxel``, with a local map: the last
 ``map_keyframes`` keyframe scans at their odometry poses, downsampled at ``map_voxel`` together
 (:func:`s2h_ros.geometry.voxel_mean`), their normals computed once per change of keyframes. The
-alignment is the pipeline's robust point-to-plane ICP (:func:`s2h_ros.pipeline.refine_icp`) at the
+alignment is the pipeline's robust point-to-plane ICP (:func:`s2h_ros.refinement.refine_icp`) at the
 map's voxel size. A map of five 64-beam keyframes (about 64k voxels) costs about 0.3 s of CPU on
 the 2-core VM, two thirds of it Open3D's neighbour searches, which hold the interpreter lock while
 they run (s2h_ros.surface). It is built from the moment a keyframe is added, one of two ways
@@ -53,9 +53,11 @@ from typing import NamedTuple
 import numpy as np
 
 from s2h_ros import geometry
+from s2h_ros.cloud import CheckedCloud, IcpTarget, check_cloud
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.handover import in_background, in_low_priority_process, start_helper_process
-from s2h_ros.pipeline import CheckedCloud, IcpTarget, Refinement, check_cloud, refine_icp
+from s2h_ros.refinement import refine_icp
+from s2h_ros.registration_result import Refinement
 from s2h_ros.surface import estimate_surface, planar_surface
 
 
@@ -140,7 +142,7 @@ class LocalMap:
 
     def scan(self, points: np.ndarray | CheckedCloud) -> np.ndarray:
         """``(N, >=3)`` points (sensor frame) as ``add`` and ``refine`` take them: ``(M, 3)`` float64,
-        downsampled at ``voxel``, of the points the registration keeps (``pipeline.check_cloud``:
+        downsampled at ``voxel``, of the points the registration keeps (``cloud.check_cloud``:
         finite, within range of the median: one point at 1e9 m must not break the voxel grid).
         The odometry passes the cloud it checked for ``Registrar.prepare``; raw points are checked
         here and raise ``RegistrationError`` where ``prepare`` would."""

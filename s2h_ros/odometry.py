@@ -109,13 +109,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from s2h_ros import geometry
+from s2h_ros.cloud import PreparedCloud, RegistrationError, check_cloud
 from s2h_ros.config import OdometryConfig, RegistrationConfig
+from s2h_ros.correspondences import ransac_on_correspondences
 from s2h_ros.deskew import DeskewError, deskew
 from s2h_ros.handover import in_background, in_low_priority_process
 from s2h_ros.local_map import LocalMap
 from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist, speed_change, speed_window
-from s2h_ros.pipeline import (AGREE_ROTATION_DEG, PreparedCloud, Refinement, Registrar, RegistrationError,
-                              RegistrationResult, agree, check_cloud, ransac_on_correspondences)
+from s2h_ros.pipeline import AGREE_ROTATION_DEG, Registrar, agree
+from s2h_ros.registration_result import Refinement, RegistrationResult
 
 # A trusted tracking result that corrects the prediction by more than AGREE_* but less than this
 # rotation (and less than prior_radius) stands when ICP from the prediction lands on it as well.

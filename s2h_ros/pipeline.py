@@ -10,390 +10,40 @@ any heading hypothesis was trusted (``RegistrationResult.fallback`` names which)
 ``Registrar`` holds the networks and a prepared-cloud cache, so a keyframe's features are
 computed once and reused; ``register()`` is the one-call entry of the design contract.
 
-Input checking (:func:`check_cloud`): an array must be ``(N, >=3)``; rows with a NaN/inf
-coordinate are dropped and counted; so are points more than :func:`range_limit` metres from the
-cloud's median along some axis (a stray 1e9 or 1e30 return), and a cloud that is mostly such
-points (random or byte-swapped bytes) is refused. Every refusal is a :class:`RegistrationError`
-(file readers raise ``PointCloudFileError``, the PointCloud2 codec ``PointCloud2Error``).
-
-Georeferenced clouds: each cloud is centred in float64 on its median rounded to
-``ORIGIN_GRID_M`` before anything is cast to float32 (a UTM coordinate of 5e6 m in float32 is
-rounded to 0.5 m); every stage runs on those local coordinates and the transform is carried back
-exactly, ``T = Tr(o_t) T_local Tr(-o_s)`` (:func:`geometry.shift_transform`). Each cloud keeps its
-own origin because a prepared keyframe is registered against many scans and a local scan may be
-registered to a georeferenced map; with ``o_s == o_t`` this is the usual ``Tr(o) T Tr(-o)``.
-Clouds whose median lies within 500 m of the frame origin get origin 0: they are processed
-exactly as they were before centring existed.
+This module is the order of the stages and the decisions between hypotheses (headings, the
+safeguard, rivals, slides); each stage's work lives in its own module: the checked and prepared
+clouds (:mod:`s2h_ros.cloud`: input checks, local frames), the matches and RANSAC
+(:mod:`s2h_ros.correspondences`), ICP and the fine stage (:mod:`s2h_ros.refinement`), what a
+result is judged by (:mod:`s2h_ros.verification`) and the result itself
+(:mod:`s2h_ros.registration_result`).
 """
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
-from s2h_ros.config import RegistrationConfig, cpu_workers
-from s2h_ros.datasets.io import points_shape_problem
-from s2h_ros.degeneracy import (MIN_SLIDE_FIT, MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence, slide_evidence,
-                                 weakest_direction)
-from s2h_ros.free_space import FreeSpace, free_space, range_image
+from s2h_ros.cloud import CheckedCloud, PreparedCloud, RegistrationError, check_cloud
+from s2h_ros.config import RegistrationConfig
+from s2h_ros.correspondences import fpfh_features, match_features, ransac_on_correspondences
+from s2h_ros.degeneracy import MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence
 from s2h_ros.gravity import ground_up, levelling_rotation
-from s2h_ros.hash_grid import DeviceIndex
-from s2h_ros.repetition import Repetition, repetition
-from s2h_ros.ransac import ransac
-from s2h_ros.sparse.kernel_map import keys_fit, max_key_span
-from s2h_ros.surface import Surface, estimate_normals, estimate_surface, icp_surface, on_device, planar_surface
-
-# Points farther than this from their cloud's median are not measurements: no lidar or depth
-# sensor reaches 1e4 m, a 20 km-wide map still fits, and float32 holds local coordinates below
-# 16384 m to 1 mm or better. Small voxels lower the limit so that FCGF's kernel-map keys fit int64.
-MAX_RANGE_M = 1e4
-ORIGIN_GRID_M = 1000.0  # cloud origins are medians rounded to this: 0 for clouds near the origin
-FLOAT32_STEP_OF_VOXEL = 0.1  # float32 input rounded to steps above this fraction of a voxel is refused
-
-
-class RegistrationError(ValueError):
-    """The input clouds cannot be registered: wrong shape or dtype, no finite point, mostly absurd
-    coordinates, float32 coordinates too far out to be precise, too few voxels, a device or weight
-    file that cannot be used. The message names the cloud ("source", "target") and the problem."""
-
-
-class IcpTarget(NamedTuple):
-    """What point-to-plane ICP aligns a scan to (``PreparedCloud.icp_target``)."""
-
-    xyz: np.ndarray  # (K, 3) voxels, local frame
-    normals: np.ndarray  # (K, 3) float64 unit normals
-
-
-@dataclass
-class PreparedCloud:
-    """A voxelised cloud with its per-voxel features, reusable across many registrations."""
-
-    xyz: np.ndarray  # (M, 3) float32 voxel representatives, metres, relative to ``origin``
-    features: torch.Tensor  # (M, C) float32, L2-normalised, on the config's device
-    num_input_points: int  # points kept (finite, within range)
-    feature_kind: str  # "fcgf" or "fpfh"
-    timings: dict[str, float] = field(default_factory=dict)  # ms
-    origin: np.ndarray = field(default_factory=lambda: np.zeros(3))  # (3,) float64: input = xyz + origin
-    num_non_finite: int = 0  # input rows dropped for a NaN/inf coordinate
-    num_out_of_range: int = 0  # input points dropped beyond range_limit() of the median
-    # Learned features of a tilted cloud are computed on it levelled (``level_above_deg``,
-    # s2h_ros.gravity): ``level`` the (3, 3) rotation that took its ground's up to z (None: the cloud
-    # as given), ``tilt_deg`` the up's estimated angle from z (reported whether levelled or not).
-    level: np.ndarray | None = None
-    tilt_deg: float = 0.0
-
-    _normals: np.ndarray | None = field(default=None, repr=False)
-    _surface: Surface | None = field(default=None, repr=False)  # covariances dropped once the ICP target is made
-    _icp_target: tuple[float, "IcpTarget"] | None = field(default=None, repr=False)  # (min_planarity, target)
-    _tree: object = field(default=None, repr=False)
-    _range_image: np.ndarray | None = field(default=None, repr=False)
-    # A keyframe's are computed on a helper thread (``warm``) while the worker may already ask for
-    # them; the worker then waits for the one in progress, and only for it: ``_lock`` guards the
-    # three surface caches above (they are made from one another), ``_tree_lock`` the spatial
-    # index and ``_range_lock`` the range image. With one lock for all five, the scan after a
-    # keyframe could wait for the keyframe's surface (Open3D) before its tracking support could
-    # query the spatial index (RAW KITTI scan at 8000 voxels, 2-core VM: 4-22 ms, now 0).
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _tree_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _range_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _pattern_axis: np.ndarray | None = field(default=None, repr=False)  # asked by the verification only
-    # A keyframe's surface and ICP target being computed elsewhere (``surface_in``): (future, min_planarity)
-    _elsewhere: tuple[Future, float] | None = field(default=None, repr=False)
-
-    def input_frame_xyz(self) -> np.ndarray:
-        """``(M, 3)`` voxels in the input frame: ``xyz`` itself when the origin is 0, else float64."""
-        return self.xyz if not self.origin.any() else self.xyz.astype(np.float64) + self.origin
-
-    @property
-    def levelled_deg(self) -> float:
-        """Degrees the features' view of the cloud was levelled by (0: as given)."""
-        return self.tilt_deg if self.level is not None else 0.0
-
-    def feature_frame_xyz(self) -> np.ndarray:
-        """``(M, 3)`` float64 voxels as the features saw them: levelled when ``level`` is set."""
-        return self.feature_frame(self.xyz.astype(np.float64))
-
-    def feature_frame(self, vectors: np.ndarray) -> np.ndarray:
-        """``(..., 3)`` float64 points or directions of this cloud's local frame in the frame its
-        features saw (levelled when ``level`` is set, else unchanged)."""
-        vectors = np.asarray(vectors, np.float64)
-        return vectors if self.level is None else vectors @ self.level.T
-
-    def up(self) -> np.ndarray:
-        """``(3,)`` float64 up in the cloud's frame: its ground's when levelled, else z (REP-103)."""
-        return np.array([0.0, 0.0, 1.0]) if self.level is None else np.asarray(self.level[2], np.float64)
-
-    def pattern_axis(self) -> np.ndarray:
-        """``(3,)`` float64 the axis its scan pattern (a lidar's rings) is drawn about, in the cloud's
-        frame (``s2h_ros.scan_pattern``): z unless it was levelled and its rings say its ground's up."""
-        if self._pattern_axis is None:
-            from s2h_ros.scan_pattern import pattern_axis
-
-            self._pattern_axis = pattern_axis(self.input_frame_xyz(), self.up())
-        return self._pattern_axis
-
-    @property
-    def device(self) -> torch.device:
-        """Where the features are (the CPU for a cloud without features)."""
-        return self.features.device if self.features is not None else torch.device("cpu")
-
-    def normals(self, voxel_size: float) -> np.ndarray:
-        """``(M, 3)`` float64 unit normals of the voxels (:mod:`s2h_ros.surface`, on the features'
-        device), computed once: alone (a scan's tests ask only these) unless the surface came first."""
-        with self._lock:
-            if self._normals is None:
-                self._normals = estimate_normals(self.xyz, voxel_size, self.device)
-            return self._normals
-
-    def planarity(self, voxel_size: float) -> np.ndarray:
-        """``(M,)`` planarity of each voxel's normal neighbourhood (:mod:`s2h_ros.surface`), computed once."""
-        return self.surface(voxel_size).planarity
-
-    def surface(self, voxel_size: float) -> Surface:
-        """The voxels' normals, planarity and neighbourhood covariances from one neighbour search
-        (:mod:`s2h_ros.surface`, on the features' device), computed once; normals computed before
-        stay the cloud's normals."""
-        with self._lock:
-            self._take_elsewhere()
-            if self._surface is None:
-                found = estimate_surface(self.xyz, voxel_size, self.device)
-                if self._normals is None:
-                    self._normals = found.normals
-                self._surface = found._replace(normals=self._normals)
-            return self._surface
-
-    def icp_target(self, cfg: RegistrationConfig) -> "IcpTarget":
-        """The voxels point-to-plane ICP aligns a scan to and their normals (``icp_min_planarity``:
-        without line-like neighbourhoods, :func:`s2h_ros.surface.planar_surface`), computed once."""
-        if not cfg.icp_min_planarity > 0:
-            return IcpTarget(self.xyz, self.normals(cfg.voxel_size))
-        found, axis = self.surface(cfg.voxel_size), self.pattern_axis()  # takes what surface_in asked for
-        with self._lock:
-            if self._icp_target is None or self._icp_target[0] != cfg.icp_min_planarity:
-                keep, unit = planar_surface(self.xyz, found, cfg.voxel_size, cfg.icp_min_planarity, axis, self.device)
-                self._icp_target = (cfg.icp_min_planarity, IcpTarget(self.xyz[keep], unit))
-                self._surface = found._replace(covariances=None)  # 72 bytes a voxel, not kept with a keyframe
-            return self._icp_target[1]
-
-    def surface_in(self, submit: Callable[..., Future], cfg: RegistrationConfig) -> None:
-        """Have ``submit(fn, *args) -> Future`` (``s2h_ros.handover.in_low_priority_process``) compute
-        the surface and the ICP target (``s2h_ros.surface.icp_surface``), which ``surface`` and
-        ``icp_target`` then take, waiting for them. On the CPU only: there Open3D computes them and
-        holds the interpreter lock while it does (a keyframe's 8000 voxels: about 40 ms in which the
-        scan's threads stall); a GPU device's torch path holds none. Computed here after all when
-        the other side fails."""
-        if on_device(self.device) or not cfg.icp_min_planarity > 0:
-            return
-        axis = self.pattern_axis()
-        with self._lock:
-            if self._surface is None and self._elsewhere is None:
-                self._elsewhere = (submit(icp_surface, self.xyz, cfg.voxel_size, cfg.icp_min_planarity, axis,
-                                          self._normals), cfg.icp_min_planarity)
-
-    def _take_elsewhere(self) -> None:
-        """Under ``_lock``: what ``surface_in`` asked for, waiting for it; nothing when it failed."""
-        if self._elsewhere is None:
-            return
-        (pending, min_planarity), self._elsewhere = self._elsewhere, None
-        try:
-            found, keep, unit = pending.result()
-        except Exception:  # noqa: BLE001 - e.g. the helper process died: computed here when asked
-            return
-        if self._normals is None:
-            self._normals = found.normals
-        self._surface = found._replace(normals=self._normals)
-        self._icp_target = (min_planarity, IcpTarget(self.xyz[keep], unit))
-
-    def spatial_index(self):
-        """The voxels' neighbour search with cKDTree's ``query``, built once (a keyframe serves many
-        scans): scipy's cKDTree on the CPU, :class:`s2h_ros.hash_grid.DeviceIndex` on a GPU device."""
-        with self._tree_lock:
-            if self._tree is None:
-                if on_device(self.device):
-                    self._tree = DeviceIndex(self.xyz, self.device)
-                else:
-                    from scipy.spatial import cKDTree
-
-                    self._tree = cKDTree(self.xyz)
-            return self._tree
-
-    def range_image(self) -> np.ndarray:
-        """The voxels' view from the input frame's origin (``s2h_ros.free_space.range_image``: the
-        nearest return per direction), built once."""
-        with self._range_lock:
-            if self._range_image is None:
-                self._range_image = range_image(self.input_frame_xyz())
-            return self._range_image
-
-    def warm(self, cfg: RegistrationConfig) -> None:
-        """Compute now what a keyframe's registrations ask for (spatial index, normals, planarity,
-        ICP target), in the order they ask; an error is left for the registration that asks to raise."""
-        try:
-            self.spatial_index()
-            self.surface(cfg.voxel_size)  # normals and planarity from one search when no normals came first
-            self.icp_target(cfg)
-        except Exception:  # noqa: BLE001 - the worker computes it again and raises there
-            pass
-
-    def subset(self, index: np.ndarray, features: torch.Tensor | None = None) -> "PreparedCloud":
-        """The voxels ``index`` ``(K,)`` int64 with their rows of ``features`` ``(M, C)`` (default: this
-        cloud's; e.g. those of the cloud turned to a heading), same origin (nothing cached is shared)."""
-        features = self.features if features is None else features
-        return dataclasses.replace(self, xyz=self.xyz[index], features=features[torch.as_tensor(index, device=features.device)],
-                                   _normals=None, _surface=None, _icp_target=None, _tree=None, _range_image=None,
-                                   _pattern_axis=None, _elsewhere=None)
-
-
-@dataclass
-class Refinement:
-    """A refinement of a pose that may only polish it: used when it moves the pose less than a
-    tolerance (the pair's fine stage, ``RegistrationResult.fine``; the odometry's local map,
-    ``s2h_ros.local_map``), else the pose stands and ``message`` says why."""
-
-    pose: np.ndarray  # (4, 4) the refined pose (or transform); the given one when not used
-    used: bool  # the refined pose replaced the given one
-    message: str  # why not, when not used ("" otherwise)
-    moved_m: float  # how far the refinement moved the pose (translation, metres)
-    moved_deg: float  # and by how much it turned it
-    ms: float
-    refined: np.ndarray | None = None  # (4, 4) where the refinement went, used or not; None when it did not run
-    map_behind: int = 0  # the odometry's local map: keyframes added since the map it aligned to was started
-
-    @classmethod
-    def bounded(cls, given: np.ndarray, refined: np.ndarray, max_move_m: float, max_turn_deg: float,
-                what: str, ms: float) -> "Refinement":
-        """``refined`` (4, 4) used in place of ``given`` when it moves it by less than ``max_move_m``
-        and ``max_turn_deg``; else ``given`` stands and the message names ``what`` moved how far."""
-        turn, move = geometry.transform_errors(refined, given)
-        message = ""
-        if move >= max_move_m or turn >= max_turn_deg:
-            message = (f"{what} {move:.2f} m / {turn:.1f} deg (more than {max_move_m:.2f} m / "
-                       f"{max_turn_deg:.1f} deg): not used")
-        return cls(given if message else refined, not message, message, float(move), float(turn), ms, refined)
-
-    def to_dict(self) -> dict:
-        return {"used": self.used, "message": self.message, "moved_m": self.moved_m, "moved_deg": self.moved_deg,
-                "ms": self.ms}
-
-
-@dataclass
-class RegistrationResult:
-    """What ``register`` found; ``transform`` maps source points into the target frame."""
-
-    transform: np.ndarray  # (4, 4) float64
-    success: bool
-    message: str
-    correspondences: np.ndarray  # (K, 2) int64: (source voxel index, target voxel index)
-    weights: np.ndarray  # (K,) float32 inlier weights used by Procrustes
-    source_xyz: np.ndarray  # (Ns, 3) voxels the indices refer to, input frame (float64 if centred)
-    target_xyz: np.ndarray  # (Nt, 3)
-    num_candidates: int = 0
-    num_inliers: int = 0
-    inlier_ratio: float = 0.0
-    fitness: float = 0.0
-    fitness_fine: float = 0.0  # fraction of source voxels within inlier_distance / 2 (compares hypotheses)
-    search: str = "global"  # candidate search: global (feature k-NN), prior (tracking) or icp (refine only)
-    heading_deg: float = 0.0  # source heading hypothesis (about z) whose features found the matches
-    weight_sum: float = 0.0
-    used_fallback: bool = False  # RANSAC (DGR's safeguard) estimated the transform, not the learned weights
-    fallback: str = ""  # why: "no inlier network", "inlier weight sum below N", "learned estimate not trusted"
-    feature_kind: str = ""
-    features_used: str = ""  # the features with their weight file, e.g. "fcgf (s2h_compact_indoor.pt)"
-    # (source, target): degrees each cloud's features were levelled by (its ground's tilt from z,
-    # ``level_above_deg``); 0 where the features saw the cloud as given.
-    levelled_deg: tuple[float, float] = (0.0, 0.0)
-    inlier_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (K,) within inlier distance
-    timings: dict[str, float] = field(default_factory=dict)  # ms per stage, plus "total"
-    # (6, 6) covariance of the transform's left perturbation [translation, rotation] in the target
-    # frame (point-to-plane normal equations at the result, scaled by the residual variance).
-    covariance: np.ndarray | None = None
-    # input points dropped: {source,target}_{non_finite,out_of_range} -> count
-    dropped_points: dict[str, int] = field(default_factory=dict)
-    # The weakest direction of the point-to-plane normal equations at the result and how much the
-    # geometry constrains it (s2h_ros.degeneracy); below RegistrationConfig.min_constraint: not trusted.
-    degeneracy: Degeneracy | None = None
-    # Below RegistrationConfig.weak_constraint: whether the structure that would show a slide along
-    # the weakest direction agrees (s2h_ros.degeneracy.slide_evidence); None where not asked.
-    slide: SlideEvidence | None = None
-    # The fraction of the source voxels off the ground within inlier_distance (structure_fitness),
-    # where it was asked: a result below min_fitness (trusted only with low_fitness_structure of
-    # it) or a global search's result at zero motion or below weak_constraint; None elsewhere.
-    structure_fit: float | None = None
-    # A global search's result refused because it lies at zero motion where the geometry leaves a
-    # direction nearly free (``Registrar._rest_doubt``): rest, or the sensor's own pattern lying on
-    # its twin; only a motion prior tells them apart. The odometry keeps its keyframe through such
-    # scans, so that the motion since it grows until a search can see it.
-    rest_unconfirmed: bool = False
-    # Of the source voxels off the ground that a global search's result lays in directions the
-    # target's sensor saw, the fraction where its rays passed (s2h_ros.free_space); None where not
-    # asked (tracking, max_free_space off, a result refused before it).
-    free_space: FreeSpace | None = None
-    # The strongest sideways-shifted copy of the result (s2h_ros.repetition), asked of a global
-    # search's and of tracking's after a stale prediction (s2h_ros.odometry); None where not asked
-    # (tracking with a fresh prediction, ICP only, or a result already refused by the tests before it).
-    repetition: Repetition | None = None
-    # The fine stage of a pair registered from its input points (``fine_voxel``): robust
-    # point-to-plane ICP on the input clouds from the refined result; ``transform`` is its result
-    # when ``fine.used``.
-    # None where it did not run (prepared clouds, as the odometry gives; refine none; fine_voxel off).
-    fine: Refinement | None = None
-    # Metres along the weakest direction (target frame) a global search's result refused as a slide
-    # was moved to where its poles and signs fit before it was refined and verified again
-    # (``slide_recovery``, ``Registrar._slide_recovered``); None where it was not moved.
-    slid_m: float | None = None
-    # Degrees a restart tilted from this result moved it (``tilt_restart_deg``, ``Registrar.tilt_restarted``);
-    # None where no restart replaced it.
-    restarted_deg: float | None = None
-    # Where the slide recovery moved this refused result, refused there too (``slid_m`` set): the
-    # global search returns such moves when several agree (``Registrar._agreed_move``).
-    refused_move: RegistrationResult | None = field(default=None, repr=False)
-
-    def to_dict(self) -> dict:
-        return {
-            "transform": self.transform.tolist(),
-            "success": self.success,
-            "message": self.message,
-            "num_source_voxels": int(len(self.source_xyz)),
-            "num_target_voxels": int(len(self.target_xyz)),
-            "num_candidates": self.num_candidates,
-            "num_correspondences": int(len(self.correspondences)),
-            "num_inliers": self.num_inliers,
-            "degeneracy": self.degeneracy.to_dict() if self.degeneracy is not None else None,
-            "repetition": self.repetition.to_dict() if self.repetition is not None else None,
-            "slide_evidence": self.slide.to_dict() if self.slide is not None else None,
-            "structure_fit": self.structure_fit,
-            "rest_unconfirmed": self.rest_unconfirmed,
-            "free_space": self.free_space.to_dict() if self.free_space is not None else None,
-            "fine": self.fine.to_dict() if self.fine is not None else None,
-            "slid_m": self.slid_m,
-            "restarted_deg": self.restarted_deg,
-            "inlier_ratio": self.inlier_ratio,
-            "fitness": self.fitness,
-            "fitness_fine": self.fitness_fine,
-            "weight_sum": self.weight_sum,
-            "used_fallback": self.used_fallback,
-            "fallback": self.fallback,
-            "feature_kind": self.feature_kind,
-            "features_used": self.features_used,
-            "levelled_deg": list(self.levelled_deg),
-            "search": self.search,
-            "heading_deg": self.heading_deg,
-            "timings_ms": self.timings,
-            "dropped_points": self.dropped_points,
-            "correspondences": self.correspondences.tolist(),
-            "weights": self.weights.tolist(),
-        }
+from s2h_ros.refinement import fine_registration, icp_on_device, refine_icp
+from s2h_ros.registration_result import Refinement, RegistrationResult
+from s2h_ros.repetition import Repetition
+from s2h_ros.sparse.kernel_map import keys_fit
+from s2h_ros.verification import (alignment_covariance, alignment_degeneracy, free_space_refusal, levelled_transform,
+                                  mutual_fitness, nearest_voxels, point_to_plane_rows, result_repetition,
+                                  screen_inlier_estimate, seen_through_of, share, slide_of, slide_refusal,
+                                  structure_fitness, surface_fit, verify)
 
 
 # A trusted heading hypothesis whose S2H matches are at least this fraction inliers ends the
@@ -482,7 +132,6 @@ SLIDE_MOVES = 3
 RESTART_MAX_RINGS = 48.0
 RESTART_GAIN = 0.01
 RESTART_POINTS = 2000  # source voxels the restarts refine and score (a fixed-seed subset)
-SURFACE_TOLERANCE = 1.0 / 6.0
 
 # A degenerate hypothesis turned this much from the result (another heading hypothesis's half of
 # the 90 deg between two) is still a rival: the structure along the weak direction leaves the
@@ -574,70 +223,6 @@ class _Timer:
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)
         self.ms[name] = self.ms.get(name, 0.0) + 1e3 * (time.perf_counter() - t0)
-
-
-def range_limit(voxel: float) -> float:
-    """Metres from a cloud's median (per axis) beyond which points are dropped: ``MAX_RANGE_M``,
-    or less at voxels under about 1.2 cm, where the cloud's span must stay hashable."""
-    return min(MAX_RANGE_M, (max_key_span(3) // 2 - 1) * voxel)
-
-
-@dataclass
-class CheckedCloud:
-    """A cloud after :func:`check_cloud`: float32 coordinates relative to a float64 origin."""
-
-    xyz: np.ndarray  # (N, 3) float32, metres, relative to origin
-    origin: np.ndarray  # (3,) float64
-    num_non_finite: int
-    num_out_of_range: int
-
-
-def check_cloud(name: str, xyz: np.ndarray | torch.Tensor, voxel: float) -> CheckedCloud:
-    """Validate an ``(N, >=3)`` cloud and centre it in float64 (see the module docstring).
-
-    Raises :class:`RegistrationError` naming ``name`` for a wrong shape or dtype, no finite point,
-    a majority of points beyond :func:`range_limit`, or float32 input whose rounding step at the
-    cloud's distance from the frame origin exceeds ``FLOAT32_STEP_OF_VOXEL`` voxels.
-    """
-    if isinstance(xyz, torch.Tensor):
-        xyz = xyz.detach().cpu().numpy()
-    xyz = np.asarray(xyz)
-    problem = points_shape_problem(xyz.shape)
-    if problem:
-        raise RegistrationError(f"{name}: {problem}")
-    if xyz.dtype.kind not in "fiu":
-        raise RegistrationError(f"{name}: expected numeric coordinates, got dtype {xyz.dtype}")
-    xyz = xyz[:, :3] if xyz.dtype.kind == "f" else xyz[:, :3].astype(np.float64)
-    finite = np.isfinite(xyz).all(axis=1)
-    num_finite = int(finite.sum())
-    if num_finite == 0:
-        raise RegistrationError(f"{name} has no finite points ({len(xyz)} given)")
-    if num_finite < len(xyz):
-        xyz = xyz[finite]
-    median = np.median(xyz, axis=0)
-    limit = range_limit(voxel)
-    with np.errstate(over="ignore", invalid="ignore"):
-        near = (np.abs(xyz - median) <= limit).all(axis=1)
-    num_far = int(len(xyz) - near.sum())
-    if 2 * num_far > len(xyz):
-        raise RegistrationError(
-            f"{name}: {num_far} of {len(xyz)} finite points lie more than {limit:g} m from the cloud's "
-            f"median along some axis: not metric coordinates (random, corrupt or byte-swapped data?)"
-        )
-    if num_far:
-        xyz = xyz[near]
-    if xyz.dtype.itemsize < 8:
-        reach = np.abs(xyz).max()
-        step = float(np.spacing(reach))
-        if step > FLOAT32_STEP_OF_VOXEL * voxel:
-            raise RegistrationError(
-                f"{name}: {xyz.dtype} coordinates reach {float(reach):.4g} m, where {xyz.dtype} is rounded to "
-                f"{step:g} m steps (more than {FLOAT32_STEP_OF_VOXEL:g} of the {voxel:g} m voxel): pass float64 "
-                f"coordinates, or coordinates centred near the origin"
-            )
-    origin = np.round(median.astype(np.float64) / ORIGIN_GRID_M) * ORIGIN_GRID_M
-    local = (xyz - origin).astype(np.float32) if origin.any() else xyz.astype(np.float32, copy=False)
-    return CheckedCloud(local, origin, len(finite) - num_finite, num_far)
 
 
 class Registrar:
@@ -1128,7 +713,7 @@ class Registrar:
         slide = result.slide
         if slide is None:  # refused before the slide test (below min_constraint, or by support)
             with timer.stage("verify"):
-                slide = _slide_of(src, tgt, T, degeneracy, cfg)
+                slide = slide_of(src, tgt, T, degeneracy, cfg)
         moved, total = result, 0.0
         for _ in range(SLIDE_MOVES):
             if slide is None or slide.structures < MIN_SLIDE_STRUCTURES \
@@ -1481,8 +1066,8 @@ class Registrar:
         slide = None
         if success and (degeneracy.eigenvalue < cfg.weak_constraint or slid):
             with timer.stage("verify"):
-                slide = _slide_of(src, tgt, T, degeneracy, cfg)
-            message = _slide_refusal(slide, degeneracy, cfg)
+                slide = slide_of(src, tgt, T, degeneracy, cfg)
+            message = slide_refusal(slide, degeneracy, cfg)
             success = not message
         transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
         rest = False
@@ -1497,7 +1082,7 @@ class Registrar:
         if success and structure and cfg.max_free_space > 0:
             with timer.stage("verify"):
                 seen_through = seen_through_of(src, tgt, T, cfg)
-            message = _free_space_refusal(seen_through, cfg)
+            message = free_space_refusal(seen_through, cfg)
             success = not message
         return RegistrationResult(
             transform=transform,
@@ -1570,7 +1155,7 @@ class Registrar:
                 return "", structure_fit
             return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}, or "
                     f"{cfg.few_inliers_floor} with {cfg.min_structure_fitness:.2f} of the voxels off the ground "
-                    f"fitting: {_share(structure_fit)})"), structure_fit
+                    f"fitting: {share(structure_fit)})"), structure_fit
         structure_fit = structure_back = overlap = None
         if enough_inliers:
             with timer.stage("verify"):
@@ -1585,7 +1170,7 @@ class Registrar:
         if free_space_backed and overlap is not None:
             either = f", {overlap:.2f} the better way"
             if structure_fit is not None or structure_back is not None:
-                off = (f"; off the ground {_share(structure_fit)} of the source's voxels and {_share(structure_back)} "
+                off = (f"; off the ground {share(structure_fit)} of the source's voxels and {share(structure_back)} "
                        f"of the target's fit (need {cfg.low_fitness_structure:.2f} either way below fitness "
                        f"{cfg.min_fitness:.2f})")
         elif structure_fit is not None:
@@ -1739,127 +1324,6 @@ class Registrar:
 # ---------------------------------------------------------------------------- stages
 
 
-def fpfh_features(xyz: np.ndarray, voxel: float) -> np.ndarray:
-    """(M, 33) float32 L2-normalised Open3D FPFH of voxelised points (normals at 2 x voxel)."""
-    import open3d as o3d
-
-    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(xyz.astype(np.float64)))
-    pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
-    fpfh = o3d.pipelines.registration.compute_fpfh_feature(
-        pcd, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0 * voxel, max_nn=100)
-    )
-    f = np.asarray(fpfh.data, dtype=np.float32).T
-    return f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
-
-
-def s2h_correspondences(feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig,
-                        feature_kind: str = "fcgf", support: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """S2H matches ``(src_idx (K,), tgt_idx (K,))`` int64, ``P`` on them ``(K,)`` (differentiable in
-    the features: the trainers use it too) and the :class:`MatchResult`, on the features' device.
-    ``support``: candidate edges (tracking, ``matching.prior_support``); default the feature k-NN.
-
-    Fewer than ``cfg.min_matches``: the H-step again with the authors' constant outlier profit.
-    Weak features (e.g. FPFH) leave P flat and the calibrated rule matches almost nothing; the
-    small constant keeps enough pairs for RANSAC.
-    """
-    from s2h_ros.matching import match_options, s2h_match
-
-    m = s2h_match(feat_x, feat_y, **match_options(cfg, feature_kind), support=support)
-    if len(m.src_idx) >= cfg.min_matches:
-        return m.src_idx, m.tgt_idx, m.p_values, m
-    again = m.rematch("constant")
-    return again.src_idx, again.tgt_idx, again.p_values, m
-
-
-def match_features(
-    feat_x: torch.Tensor, feat_y: torch.Tensor, cfg: RegistrationConfig, feature_kind: str = "fcgf",
-    support: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Correspondences ``(K, 2)``, their matching probability ``(K,)`` and the candidate count.
-    ``support`` (S2H only): candidate edges from a motion prior instead of the feature k-NN."""
-    if cfg.matcher == "s2h":
-        src, tgt, probs, m = s2h_correspondences(feat_x, feat_y, cfg, feature_kind, support)
-        pairs = torch.stack([src, tgt], 1).cpu().numpy().astype(np.int64)
-        return pairs, probs.detach().cpu().numpy().astype(np.float32), int(m.rows.numel())
-    from s2h_ros.matching import feature_knn
-
-    # DGR: every source voxel's nearest target voxel in feature space; mutual: kept if reciprocal.
-    nn_y = feature_knn(feat_x, feat_y, 1)[:, 0]
-    src_idx = torch.arange(len(feat_x), device=feat_x.device)
-    if cfg.matcher == "mutual_nn":
-        nn_x = feature_knn(feat_y, feat_x, 1)[:, 0]
-        keep = nn_x[nn_y] == src_idx
-        src_idx, nn_y = src_idx[keep], nn_y[keep]
-    pairs = torch.stack([src_idx, nn_y], 1).cpu().numpy().astype(np.int64)
-    return pairs, np.ones(len(pairs), np.float32), len(feat_x)
-
-
-def ransac_on_correspondences(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
-    """DGR's safeguard: RANSAC over the ``(K >= 3, 2)`` correspondences ``pairs`` into ``src (N, 3)``
-    and ``tgt (M, 3)`` (s2h_ros.ransac: reproducible for a seed, on the config's device), 4x4 float64."""
-    return ransac(src, tgt, pairs, cfg.inlier_distance, cfg.ransac_iters, cfg.seed, cfg.device).transform
-
-
-def icp_on_device(cfg: RegistrationConfig) -> bool:
-    """Whether ``refine_icp`` runs on ``cfg.device`` (s2h_ros.icp) rather than in Open3D (``icp_backend``)."""
-    if cfg.icp_backend == "auto":
-        return cfg.device != "cpu"
-    return cfg.icp_backend == "torch"
-
-
-def refine_icp(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig,
-               tgt_normals: np.ndarray | None = None, coarse: float = 0.0) -> np.ndarray:
-    """Robust (Tukey) point-to-plane ICP from ``T`` on the voxelised clouds: Open3D, or the same
-    iteration on ``cfg.device`` (``icp_on_device``); the target's ``(M, 3)`` normals are
-    estimated here unless given (a keyframe's are computed once). Correspondences within two
-    voxels, the Tukey parameter one voxel. ``coarse``: metres; when more than two voxels, a first
-    ICP takes correspondences that far apart (the Tukey parameter half of it), so that a start a
-    few degrees off converges (at 30 m a 5 deg turn moves a voxel 2.6 m)."""
-    normals = estimate_normals(tgt, cfg.voxel_size, cfg.device) if tgt_normals is None else tgt_normals
-    fine = 2.0 * cfg.voxel_size
-    distances = ([coarse] if coarse > fine else []) + [fine]
-    if icp_on_device(cfg):
-        from s2h_ros.icp import point_to_plane_icp
-
-        for distance in distances:
-            T = point_to_plane_icp(src, tgt, normals, T, distance, distance / 2, cfg.refine_tolerance,
-                                   cfg.refine_iters, cfg.device)
-        return T
-    import open3d as o3d
-
-    ps = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(src.astype(np.float64)))
-    pt = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(tgt.astype(np.float64)))
-    pt.normals = o3d.utility.Vector3dVector(np.asarray(normals, dtype=np.float64))
-    return open3d_point_to_plane(ps, pt, T, distances, cfg.refine_tolerance, cfg.refine_iters)
-
-
-def open3d_point_to_plane(source, target, T: np.ndarray, distances: list[float], tolerance: float,
-                          iterations: int) -> np.ndarray:
-    """``(4, 4)``: Open3D's robust point-to-plane ICP of the ``source`` point cloud onto ``target``
-    (an Open3D cloud with normals) from ``T``, once per correspondence distance in ``distances``,
-    each with a Tukey kernel of half that distance; ``tolerance``: Open3D's relative fitness and
-    RMSE criteria; ``iterations``: at most, per distance."""
-    import open3d as o3d
-
-    reg = o3d.pipelines.registration
-    for distance in distances:
-        res = reg.registration_icp(source, target, distance, T,
-                                   reg.TransformationEstimationPointToPlane(reg.TukeyLoss(k=distance / 2)),
-                                   reg.ICPConvergenceCriteria(tolerance, tolerance, iterations))
-        T = np.asarray(res.transformation, dtype=np.float64)
-    return T
-
-
-def surface_fit(src_xyz: np.ndarray, target: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> float:
-    """The fraction of the ``(N, 3)`` source voxels (local frame) that ``T`` (4, 4, local frames) lays
-    on the target's surfaces: their point-to-plane residual (``point_to_plane_rows``) against their
-    nearest target voxel within two voxels (ICP's correspondence distance) below
-    ``SURFACE_TOLERANCE`` voxels."""
-    nearest = nearest_voxels(src_xyz, T, target.spatial_index(), 2.0 * cfg.voxel_size)
-    rows = point_to_plane_rows(src_xyz, target, T, cfg, nearest)
-    return float((np.abs(rows.residuals) < SURFACE_TOLERANCE * cfg.voxel_size).sum() / max(len(src_xyz), 1))
-
-
 def _rings_apart(cloud: "PreparedCloud") -> bool:
     """Whether ``cloud``'s scan pattern has fewer than ``RESTART_MAX_RINGS`` effective rings about its
     pattern axis (``s2h_ros.scan_pattern.ring_sharpness``): a 16-32-beam lidar's."""
@@ -1875,33 +1339,6 @@ def _rings_apart(cloud: "PreparedCloud") -> bool:
 # 16-32-beam lidar's ring spacing on the ground and on walls 10-20 m off, so that a normal is the
 # surface's, not one ring's.
 FINE_MAX_TURN_DEG = AGREE_ROTATION_DEG
-FINE_ITERATIONS = 50
-FINE_NORMAL_NEIGHBOURS = 30
-FINE_NORMAL_RADIUS_VOXELS = 5.0
-
-
-def fine_registration(src: np.ndarray, tgt: np.ndarray, T: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
-    """``(4, 4)`` robust point-to-plane ICP (Open3D, Tukey kernel of half ``cfg.voxel_size``) of
-    ``(N, 3)`` onto ``(M, 3)`` input points, both downsampled at ``cfg.fine_voxel``, correspondences
-    within ``cfg.voxel_size``, from ``T``: the pair's fine stage. The target's normals are fitted
-    over a patch wider than a sparse lidar's rings (``FINE_NORMAL_RADIUS_VOXELS``). Generalized ICP
-    with its own 20-neighbour covariances, the stage before 2026-12-06, fitted each ring's line and
-    tilted 16-32-beam results (VLP-16 parking lot of world 927, where this stage was chosen: mean
-    RE 0.29 deg without a stage, 0.54 with that one, 0.18 with this one; held out, matrix base 4321,
-    252 pairs: mean RE 0.081 -> 0.066 deg, worst cell 0.42 -> 0.31; docs/evaluation.md, "The fine
-    stage again"). Its fitness says nothing of whether it helped, so ``Registrar`` bounds how far
-    it may move a result instead."""
-    import open3d as o3d
-
-    def cloud(xyz: np.ndarray):
-        points = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
-        return points.voxel_down_sample(cfg.fine_voxel)
-
-    source, target = cloud(src), cloud(tgt)
-    target.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(FINE_NORMAL_RADIUS_VOXELS * cfg.voxel_size,
-                                                                 FINE_NORMAL_NEIGHBOURS))
-    return open3d_point_to_plane(source, target, np.asarray(T, dtype=np.float64), [cfg.voxel_size], 1e-6,
-                                 FINE_ITERATIONS)
 
 
 def heading_order(hypotheses: int, prior_yaw_deg: float | None = None) -> list[float]:
@@ -1916,267 +1353,6 @@ def heading_order(hypotheses: int, prior_yaw_deg: float | None = None) -> list[f
         return [0.0] + sorted(headings[1:], key=lambda a: abs(a - 180.0))
     nearest = sorted(headings, key=lambda a: abs(geometry.angle_difference_deg(a, prior_yaw_deg)))
     return nearest[:1] + [0.0] + [a for a in nearest[1:] if a != 0.0] if nearest[0] != 0.0 else nearest
-
-
-class NearestVoxels(NamedTuple):
-    """Each source voxel moved by a transform and its nearest target voxel within a bound
-    (:func:`nearest_voxels`): one search that :func:`verify` and :func:`point_to_plane_rows` share."""
-
-    moved: np.ndarray  # (M, 3) float64 source voxels in the target's local frame
-    distance: np.ndarray  # (M,) to the nearest target voxel, inf beyond the bound
-    index: np.ndarray  # (M,) int64 index of that voxel (the target's voxel count beyond the bound)
-
-
-def nearest_voxels(src: np.ndarray, T: np.ndarray, index, bound: float) -> NearestVoxels:
-    """``src`` (M, 3) moved by ``T`` (4, 4) and each one's nearest voxel within ``bound`` in the
-    target's spatial ``index`` (``PreparedCloud.spatial_index``, or a cKDTree of its voxels)."""
-    moved = geometry.apply_transform(T, src.astype(np.float64))
-    distance, idx = index.query(moved, distance_upper_bound=bound, workers=cpu_workers())
-    return NearestVoxels(moved, distance, idx)
-
-
-def verify(
-    src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float, tgt_tree=None,
-    nearest: NearestVoxels | None = None,
-) -> tuple[int, np.ndarray, float, float]:
-    """Inlier correspondences, their mask, the cloud fitness of ``T`` (fraction of source voxels
-    with a target voxel within ``dist``) and the same within ``dist / 2`` (``tgt_tree``: the
-    target's spatial index when one exists, ``PreparedCloud.spatial_index``; ``nearest``: the
-    source's nearest target voxels within ``dist`` when already searched)."""
-    from scipy.spatial import cKDTree
-
-    if nearest is None:
-        nearest = nearest_voxels(src, T, tgt_tree if tgt_tree is not None else cKDTree(tgt), dist)
-    if len(pairs):
-        mask = np.linalg.norm(nearest.moved[pairs[:, 0]] - tgt[pairs[:, 1]], axis=1) < dist
-    else:
-        mask = np.zeros(0, bool)
-    nn_dist = nearest.distance
-    return int(mask.sum()), mask, float(np.mean(nn_dist < dist)), float(np.mean(nn_dist < dist / 2))
-
-
-def screen_inlier_estimate(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, T: np.ndarray, dist: float,
-                           matched: int) -> float:
-    """Inlier matches a hypothesis of all ``src`` (M, 3) voxels would have, estimated from ``pairs``
-    (P, 2) of ``matched`` of them (a random subset) under its unrefined (4, 4) ``T``: the subset's
-    inlier matches (within ``dist``) times M / ``matched`` (``Registrar._screened_out``)."""
-    if not len(pairs):
-        return 0.0
-    inliers = int(geometry.correspondence_inlier_mask(src, tgt, pairs[:, 0], pairs[:, 1], T, dist).sum())
-    return inliers * len(src) / max(matched, 1)
-
-
-def _share(fraction: float | None) -> str:
-    """A fraction for a message, "-" where it was not measured (too few voxels)."""
-    return "-" if fraction is None else f"{fraction:.2f}"
-
-
-def mutual_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig,
-                   fitness: float) -> float:
-    """The larger of ``fitness`` (the source's voxels within ``inlier_distance`` of the target's
-    after ``T``, local frames) and the same of the target's voxels against the source moved by
-    ``T``: the overlap seen from the cloud that the other covers better (``Registrar._support_doubt``)."""
-    back = nearest_voxels(tgt.xyz, np.linalg.inv(T), src.spatial_index(), cfg.inlier_distance)
-    return max(fitness, float(np.mean(back.distance < cfg.inlier_distance)))
-
-
-# Fewer off-ground voxels than this: structure_fitness says nothing (an open field; the degeneracy
-# test judges such scenes).
-MIN_STRUCTURE_VOXELS = 100
-
-
-def structure_fitness(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> float | None:
-    """The fitness of ``T`` counted over the source voxels off the ground: those whose normal is
-    not within about 25 deg of z (z up, REP-103). None when fewer than ``MIN_STRUCTURE_VOXELS``.
-
-    A scan's ground is a pattern the sensor draws around itself (rings of a spinning lidar, the
-    rosette of a Livox), the same in every scan, so a wrong result at zero motion aligns it and can
-    reach ``min_fitness`` on the ground alone (held-out Livox pair 15.6 m apart: fitness 0.51,
-    off the ground 0.38). So it is asked where the fitness cannot tell: at zero motion, below
-    ``weak_constraint`` (``Registrar._structure_doubt``) and below ``min_fitness``
-    (``low_fitness_floor``); off the ground, right results of moving sensors ranged 0.43-0.75 (one
-    HDL-64 pair 0.43 at fitness 0.51: a threshold on every result would have refused it), a scan
-    against itself 1.0."""
-    structure, moved = moved_off_ground(src, T, cfg)
-    if int(structure.sum()) < MIN_STRUCTURE_VOXELS:
-        return None
-    dist, _ = tgt.spatial_index().query(moved, distance_upper_bound=cfg.inlier_distance, workers=cpu_workers())
-    return float(np.mean(dist < cfg.inlier_distance))
-
-
-def seen_through_of(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> FreeSpace:
-    """Where ``T`` (local frames) lays the source's voxels off the ground (``off_ground``: the
-    ground's rings lie on the target's ground at grazing angles, where a few centimetres of height
-    are metres along the ray) against the target sensor's view (``s2h_ros.free_space``)."""
-    _, moved = moved_off_ground(src, T, cfg)
-    return free_space(moved + tgt.origin, tgt.range_image(), cfg.inlier_distance)  # the target's input frame
-
-
-def _free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig) -> str:
-    """The refusal message of a result that lays more than ``max_free_space`` of its seen structure
-    where the target's sensor saw through ("" when it does not)."""
-    if seen.seen < MIN_STRUCTURE_VOXELS or seen.through <= cfg.max_free_space:
-        return ""
-    return (f"not trusted: {seen.through:.2f} of the {seen.seen} voxels off the ground that it lays in the target "
-            f"sensor's view lie where that sensor saw through them (need at most {cfg.max_free_space:.2f}): "
-            "the scene does not fit")
-
-
-def off_ground(cloud: "PreparedCloud", cfg: RegistrationConfig) -> np.ndarray:
-    """``(N,)`` bool: the voxels of ``cloud`` whose normal is not within about 25 deg of up (z,
-    REP-103, or a levelled cloud's ground up, ``PreparedCloud.up``): the scene's structure, not the
-    ground the sensor draws its pattern on."""
-    return np.abs(cloud.normals(cfg.voxel_size) @ cloud.up()) < 0.9
-
-
-def moved_off_ground(src: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray]:
-    """``off_ground(src)`` ``(N,)`` bool and those voxels moved by ``T`` (local frames) into the
-    target's local frame, ``(K, 3)`` float64: what the tests of a result's structure ask."""
-    structure = off_ground(src, cfg)
-    return structure, geometry.apply_transform(T, src.xyz[structure].astype(np.float64))
-
-
-# A repeated structure's copies are looked for this many inlier distances sideways: from just
-# beyond the result's own peak (0.5 m at the indoor 0.1 m) to a few periods of a pallet-rack bay
-# (2.4-2.9 m) or a row of racks with its aisle (about 4-4.7 m) indoors (5 m), 30 m outdoors; and,
-# for a result the geometry leaves nearly free along one direction (``result_repetition``'s
-# ``far``), to 72 m outdoors, beyond a highway's lamp spacing (30-70 m): a held-out OS1-32 highway
-# scan (world 634) was trusted one lamp period (47.8 m) from the truth, its copy at the truth
-# outside the 30 m (docs/reliability.md, "A copy one lamp period along a highway"). Each square
-# beyond the first ranks its own peaks: the wider square's many must not crowd out nearer copies.
-REPETITION_SHIFT_DISTANCES = (5.0, 50.0, 120.0)  # from, then the radii searched
-
-
-def result_repetition(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, cfg: RegistrationConfig,
-                      far: bool = False) -> Repetition:
-    """The strongest sideways-shifted copy of the result ``T`` (local frames): the source's voxels
-    off the ground, with their normals, against the whole target, on a grid of ``inlier_distance``
-    (:func:`s2h_ros.repetition.repetition`), shifted along the target's ground: in its levelled frame
-    when its features were levelled (a tilted sensor's x, y would lift a slide out of the plane).
-    Within the first of ``REPETITION_SHIFT_DISTANCES``' radii, and with ``far`` within the others
-    too: the caller asks that where the geometry leaves a direction nearly free (a result whose
-    weakest constraint is below ``weak_constraint``, as along a highway), since a copy tens of metres
-    away is a slide along a road; elsewhere a narrow view sharing little of the scene fits a far
-    copy better only because it shares so little (a Livox target's right result in a town, weakest
-    constraint 0.076, had a copy 51 m along the street at 1.67 times its fit).
-    With the free-space test on (``max_free_space``) a copy counts only where it would pass that
-    test itself: one that lays more of the scan's structure where the target's rays passed is not
-    a pose the data support (``Repetition.set_aside`` counts the copies passed over)."""
-    lo, *radii = REPETITION_SHIFT_DISTANCES
-    d = cfg.inlier_distance
-    within = tuple(r * d for r in (radii if far else radii[:1]))
-    structure, moved = moved_off_ground(src, T, cfg)
-    aligned = tgt.feature_frame(moved)
-    normals = tgt.feature_frame(src.normals(cfg.voxel_size)[structure] @ T[:3, :3].T)
-    to_local = np.eye(3) if tgt.level is None else tgt.level  # a shift in the frame the test runs in -> local
-
-    def admissible(shift: np.ndarray) -> bool:
-        copy = np.array(T, np.float64, copy=True)
-        copy[:3, 3] += shift @ to_local
-        return not _free_space_refusal(seen_through_of(src, tgt, copy, cfg), cfg)
-
-    check = admissible if cfg.max_free_space > 0 else None
-    if tgt.level is None:
-        return repetition(aligned, normals, tgt.xyz.astype(np.float64), d, lo * d, within,
-                          tree=tgt.spatial_index(), admissible=check)
-    # A levelled keyframe: shifts along its ground, not its tilted x, y; the copy's shift back in its frame.
-    found = repetition(aligned, normals, tgt.feature_frame_xyz(), d, lo * d, within, admissible=check)
-    return dataclasses.replace(found, shift=found.shift @ tgt.level)
-
-
-def levelled_transform(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray) -> np.ndarray:
-    """``(4, 4)`` the result ``T`` (source -> target, local frames) between the two clouds as their
-    features saw them (``PreparedCloud.feature_frame_xyz``: each levelled onto its own up, or as given)."""
-    out = np.array(T, np.float64, copy=True)
-    if src.level is not None:
-        out[:3, :3] = out[:3, :3] @ src.level.T
-    if tgt.level is not None:
-        out[:3, :] = tgt.level @ out[:3, :]
-    return out
-
-
-class PlaneRows(NamedTuple):
-    """The point-to-plane terms at a transform (:func:`point_to_plane_rows`), one row per matched
-    source voxel."""
-
-    points: np.ndarray  # (m, 3) moved source voxels p, target local frame
-    normals: np.ndarray  # (m, 3) unit normal n of the nearest target voxel q
-    residuals: np.ndarray  # (m,) r = n . (p - q)
-    target_index: np.ndarray  # (m,) int64 index of q in the target's voxels
-
-
-def _slide_of(src: "PreparedCloud", tgt: "PreparedCloud", T: np.ndarray, degeneracy: Degeneracy,
-              cfg: RegistrationConfig) -> SlideEvidence:
-    """The slide evidence (:func:`s2h_ros.degeneracy.slide_evidence`) of ``T`` (local frames) along
-    the weakest direction of ``degeneracy``, judged in the clouds' feature frames: "above the
-    ground" and "in plan" against each cloud's levelled up."""
-    return slide_evidence(src.feature_frame_xyz(), tgt.feature_frame_xyz(), levelled_transform(src, tgt, T),
-                          tgt.feature_frame(degeneracy.direction[:3]), cfg.inlier_distance)
-
-
-def _slide_refusal(slide: SlideEvidence, degeneracy: Degeneracy, cfg: RegistrationConfig) -> str:
-    """Why a result in the grey zone of the constraint measure (below ``weak_constraint``) is not
-    trusted: nothing would show a slide, or the structure that would fits clearly better elsewhere
-    along the weakest direction, or hardly fits where the result is; "" when it fits there best."""
-    weak = f"weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}"
-    if slide.structures < MIN_SLIDE_STRUCTURES:
-        return (f"degenerate: only {slide.structures} voxels of structure would show a {degeneracy.describe()} "
-                f"(need {MIN_SLIDE_STRUCTURES}; {weak})")
-    if slide.gain >= cfg.slide_margin:
-        view = "in plan" if slide.in_plan else "in 3-D"
-        return (f"degenerate: a slide along the weakest direction, {degeneracy.describe()}? the {slide.structures} "
-                f"voxels of structure that would show one (poles, signs, ends of walls) fit the keyframe's "
-                f"{slide.best:.0%} at {slide.shift:+.1f} m along it, {slide.at_result:.0%} at the result ({view}; {weak})")
-    if slide.fits < MIN_SLIDE_FIT:
-        return (f"degenerate: of the {slide.structures} voxels of structure that would show a slide along the weakest "
-                f"direction, {degeneracy.describe()} (poles, signs, ends of walls), {slide.fits:.0%} fit the keyframe's "
-                f"at the result (need {MIN_SLIDE_FIT:.0%}; {weak})")
-    return ""
-
-
-def point_to_plane_rows(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig,
-                        nearest: NearestVoxels | None = None) -> PlaneRows:
-    """The point-to-plane terms at ``T``: each source voxel with a target voxel within
-    ``inlier_distance`` gives a row (:class:`PlaneRows`; ``nearest``: that search, when done)."""
-    if nearest is None:
-        nearest = nearest_voxels(src, T, target.spatial_index(), cfg.inlier_distance)
-    ok = np.isfinite(nearest.distance)
-    p, q = nearest.moved[ok], nearest.index[ok]
-    n = target.normals(cfg.voxel_size)[q]
-    return PlaneRows(p, n, np.einsum("ij,ij->i", n, p - target.xyz[q]), q)
-
-
-def alignment_degeneracy(target: PreparedCloud, cfg: RegistrationConfig, rows: PlaneRows) -> Degeneracy:
-    """The weakest direction (:func:`s2h_ros.degeneracy.weakest_direction`) of the point-to-plane
-    ``rows`` against ``target``, each row weighted by the planarity of its target voxel's
-    neighbourhood (only surfaces count: s2h_ros.degeneracy)."""
-    if len(rows.points) == 0:
-        return weakest_direction(rows.points, rows.normals)
-    return weakest_direction(rows.points, rows.normals, target.planarity(cfg.voxel_size)[rows.target_index])
-
-
-def alignment_covariance(src: np.ndarray, target: PreparedCloud, T: np.ndarray, cfg: RegistrationConfig,
-                         rows: PlaneRows | None = None) -> np.ndarray:
-    """``(6, 6)`` covariance of ``T`` from the point-to-plane normal equations at the result.
-
-    Each source voxel with a target voxel within ``inlier_distance`` gives a residual
-    ``r = n . (T p - q)`` and, for a left perturbation ``exp(xi) T`` with xi = [rho, phi],
-    the Jacobian row ``[n, (T p) x n]``. With ``H = J^T J`` and the residual variance
-    ``s2 = sum r^2 / (m - 6)`` the covariance is ``s2 H^-1`` (Gauss-Newton); directions the
-    geometry does not constrain (``H`` eigenvalues below 1e-9 of the largest) get the variance
-    of that floor, not infinity, so the matrix stays finite and symmetric. ``s2`` is small on
-    clean data whatever the geometry: whether a direction is constrained at all is
-    :func:`s2h_ros.degeneracy.weakest_direction`'s question. ``rows``: :func:`point_to_plane_rows`
-    when already computed.
-    """
-    p, n, r, _ = rows if rows is not None else point_to_plane_rows(src, target, T, cfg)
-    if len(r) < 7:
-        return np.diag([1e6] * 6)
-    J = np.hstack([n, np.cross(p, n)])
-    lam, V = np.linalg.eigh(J.T @ J)
-    lam = np.maximum(lam, 1e-9 * max(float(lam[-1]), 1e-12))
-    s2 = float(r @ r) / (len(r) - 6)
-    return (V * (s2 / lam)) @ V.T
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -57,7 +57,7 @@ class Repetition:
     ratio: float  # weighted fit of the copy / at the result: 0 when no copy counts, about 1 or more when it fits
     # as well, infinite when the copy lands structure along its shift and the result none
     shift: np.ndarray  # (3,) float64 metres, d* in the target frame (zeros when no peak); horizontal in the
-    # frame the test ran in (the target's own, or its levelled one: s2h_ros.pipeline.result_repetition)
+    # frame the test ran in (the target's own, or its levelled one: s2h_ros.verification.result_repetition)
     fit: float  # C(0) / N: off-ground points within about one cell at the result
     set_aside: int = 0  # stronger copies passed over because the data contradict them (``admissible``)
 

@@ -17,8 +17,9 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry, paths
+from s2h_ros.cloud import MAX_RANGE_M, RegistrationError
 from s2h_ros.datasets.io import PointCloudFileError, PointCloudFileNotFound, read_point_fields, read_points, write_points
-from s2h_ros.pipeline import MAX_RANGE_M, RegistrationError, register
+from s2h_ros.pipeline import register
 from s2h_ros.pointcloud2 import PointCloud2Error, create_cloud_fields, read_xyz
 
 S2H = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "s2h")

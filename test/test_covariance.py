@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from s2h_ros.cloud import PreparedCloud
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.pipeline import PreparedCloud, alignment_covariance
+from s2h_ros.verification import alignment_covariance
 
 
 def _prepared(xyz: np.ndarray) -> PreparedCloud:

@@ -9,10 +9,12 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from s2h_ros import geometry
+from s2h_ros.cloud import PreparedCloud
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.synthetic.sensor import LidarModel
 from s2h_ros.degeneracy import weakest_direction
-from s2h_ros.pipeline import PreparedCloud, Registrar, alignment_degeneracy, point_to_plane_rows
+from s2h_ros.pipeline import Registrar
+from s2h_ros.verification import alignment_degeneracy, point_to_plane_rows
 
 GROUND_Z = -1.73  # the sensor's height above the ground, as on KITTI's car
 MIN_CONSTRAINT = RegistrationConfig().min_constraint
@@ -393,7 +395,8 @@ def test_a_slide_never_ends_at_zero_motion(registrar):
     own pattern on the structure (ring arcs on rails and walls) fits its twin whatever the truth:
     on a development OS1-64 highway pair 16 m apart (base seed 1131) a right result was moved
     16.2 m to zero motion, where the structure fitted 0.46 against 0.31 at the truth."""
-    from s2h_ros.pipeline import _slide_of, _Timer, at_zero_motion
+    from s2h_ros.pipeline import _Timer, at_zero_motion
+    from s2h_ros.verification import slide_of
 
     rng = np.random.default_rng(3)
     cloud = scan(highway(pole_spacing=40.0), "vlp16", 0.0, rng)
@@ -402,7 +405,7 @@ def test_a_slide_never_ends_at_zero_motion(registrar):
     assert not off.success and geometry.transform_errors(off.transform, np.eye(4))[1] > 3.0, off.message
     cfg = registrar.config
     local = geometry.shift_transform(off.transform, -src.origin, -tgt.origin)
-    slide = _slide_of(src, tgt, local, off.degeneracy, cfg)
+    slide = slide_of(src, tgt, local, off.degeneracy, cfg)
     back = off.transform.copy()
     back[:3, 3] += slide.shift * off.degeneracy.direction[:3]
     assert at_zero_motion(back, cfg), (slide, back)
@@ -415,7 +418,7 @@ def _refused(t_x: float, yaw_deg: float = 0.0, fitness: float = 0.5, moved_to: f
              heading: float = 0.0):
     """A refused result at ``t_x`` metres along x (turned by ``yaw_deg``) of the hypothesis at
     ``heading``, with the slide recovery's refused move to ``moved_to`` metres when given."""
-    from s2h_ros.pipeline import RegistrationResult
+    from s2h_ros.registration_result import RegistrationResult
 
     def result(x):
         T = geometry.make_transform(Rotation.from_euler("z", yaw_deg, degrees=True).as_matrix(), np.array([x, 0.0, 0.0]))

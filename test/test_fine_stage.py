@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from s2h_ros import geometry, pipeline
+from s2h_ros.cloud import check_cloud
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.pipeline import Registrar, fine_registration, refine_icp
+from s2h_ros.pipeline import Registrar
+from s2h_ros.refinement import fine_registration, refine_icp
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RAW_KITTI = DATA / "kitti" / "raw_00"
@@ -92,7 +94,7 @@ def test_a_fine_stage_that_moves_the_result_too_far_is_not_used(registered, monk
     refined = result.transform.copy()
     moved = geometry.make_transform(np.eye(3), np.array([shift, 0.0, 0.0]))
     monkeypatch.setattr(pipeline, "fine_registration", lambda src, tgt, T, cfg: moved @ T)
-    src, tgt = pipeline.check_cloud("source", _raw(1), 0.3), pipeline.check_cloud("target", _raw(0), 0.3)
+    src, tgt = check_cloud("source", _raw(1), 0.3), check_cloud("target", _raw(0), 0.3)
     again = Registrar()._polished(_copy(result, refined), src, tgt)
     assert again.fine.used is used
     assert again.fine.moved_m == pytest.approx(shift, abs=1e-9)

@@ -52,7 +52,8 @@ def test_the_real_kitti_loop_pair_fits_its_free_space_only_at_the_truth():
     90 deg, 14-21 % does, each beyond the default ``max_free_space``."""
     from s2h_ros.config import RegistrationConfig
     from s2h_ros.datasets.kitti import kitti_loop_pair
-    from s2h_ros.pipeline import Registrar, seen_through_of
+    from s2h_ros.pipeline import Registrar
+    from s2h_ros.verification import seen_through_of
 
     pair = kitti_loop_pair()
     reg = Registrar(RegistrationConfig(features="fpfh"))

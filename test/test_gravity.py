@@ -14,7 +14,8 @@ from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.evaluation.baselines import FpfhRansac
 from s2h_ros.gravity import ground_up, levelling_rotation
-from s2h_ros.pipeline import Registrar, refine_icp
+from s2h_ros.pipeline import Registrar
+from s2h_ros.refinement import refine_icp
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NEWER_COLLEGE = DATA / "newer_college_os1_64"

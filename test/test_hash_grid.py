@@ -78,11 +78,11 @@ def test_the_device_index_answers_ckdtrees_query_on_a_real_scan(kitti_voxels, rn
 
 
 def test_a_prepared_cloud_searches_with_ckdtree_on_the_cpu_and_on_the_device_elsewhere(kitti_voxels, monkeypatch):
-    from s2h_ros import pipeline
+    from s2h_ros import cloud as prepared_clouds
 
     cloud = Registrar(RegistrationConfig(features="fpfh")).prepare(kitti_voxels)
     assert isinstance(cloud.spatial_index(), cKDTree)
-    monkeypatch.setattr(pipeline, "on_device", lambda device: True)  # what a GPU device takes
+    monkeypatch.setattr(prepared_clouds, "on_device", lambda device: True)  # what a GPU device takes
     fresh = Registrar(RegistrationConfig(features="fpfh")).prepare(kitti_voxels)
     assert isinstance(fresh.spatial_index(), DeviceIndex) and fresh.spatial_index() is fresh.spatial_index()
 

@@ -262,7 +262,7 @@ def test_a_screened_heading_is_heard_in_full_where_it_could_be_a_rival(monkeypat
 def test_the_screen_scales_the_subset_inlier_matches_to_every_voxel():
     """``screen_inlier_estimate``: matches within the inlier distance under the estimate, times the
     source's voxels over the voxels matched."""
-    from s2h_ros.pipeline import screen_inlier_estimate
+    from s2h_ros.verification import screen_inlier_estimate
 
     rng = np.random.default_rng(0)
     src = rng.uniform(-20, 20, (1000, 3))

@@ -10,7 +10,8 @@ import pytest
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.icp import point_to_plane_icp
-from s2h_ros.pipeline import Registrar, icp_on_device, refine_icp
+from s2h_ros.pipeline import Registrar
+from s2h_ros.refinement import icp_on_device, refine_icp
 from s2h_ros.surface import estimate_normals
 
 RAW_KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"

@@ -392,7 +392,7 @@ def test_stamps_must_advance_and_a_big_step_back_restarts(vlp16_town, default_od
 
 
 def _hypothesis(x: float, fine: float, success: bool = True):
-    from s2h_ros.pipeline import RegistrationResult
+    from s2h_ros.registration_result import RegistrationResult
 
     empty = np.zeros((0, 3), np.float32)
     return RegistrationResult(transform=geometry.make_transform(np.eye(3), np.array([x, 0.0, 0.0])), success=success,

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from s2h_ros import geometry, pipeline
+from s2h_ros import geometry, pipeline, verification
+from s2h_ros.cloud import RegistrationError
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
-from s2h_ros.pipeline import Registrar, RegistrationError, register
+from s2h_ros.pipeline import Registrar, register
+from s2h_ros.registration_result import RegistrationResult
 
 # No shipped weights are assumed here: these tests pin the Open3D FPFH path, which needs none.
 KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti"
@@ -309,7 +311,7 @@ def test_icp_stopping_at_the_tolerance_lands_where_every_iteration_lands_on_real
     """RAW KITTI 00 frames 0-1 (real HDL-64E): robust point-to-plane ICP from a start 0.25 m / 1 deg
     off the converged pose; the default tolerance stops early at the same pose (within 2 mm /
     0.005 deg), a loose one stops short of it (the option acts)."""
-    from s2h_ros.pipeline import refine_icp
+    from s2h_ros.refinement import refine_icp
 
     raw = KITTI / "raw_00"
     src, tgt = (np.fromfile(raw / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0))
@@ -339,7 +341,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     default) the search's best has 26 inlier matches and is refused too."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
-    from s2h_ros.pipeline import structure_fitness
+    from s2h_ros.verification import structure_fitness
 
     pair = list(turned_pairs(synthetic_pairs(8, 31, sensor="livox"), 0.0, 180.0, 31))[7]
     # The hazard as it was found: ICP against every voxel, weighted Procrustes alone (with DGR's robust
@@ -379,9 +381,9 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 10.0
     assert not alone.success and alone.message.startswith("ambiguous: shifted by"), alone.message
     # With the free-space test on, the copy still counts: at the truth the target saw the scan's
-    # structure where it is, so the copy is not set aside (s2h_ros.pipeline.result_repetition).
+    # structure where it is, so the copy is not set aside (s2h_ros.verification.result_repetition).
     local = geometry.shift_transform(unchecked.transform, -src.origin, -tgt.origin)
-    copy = pipeline.result_repetition(src, tgt, local, every_voxel)
+    copy = verification.result_repetition(src, tgt, local, every_voxel)
     assert copy.ratio >= every_voxel.max_repetition and copy.set_aside == 0, copy
     assert np.linalg.norm(unchecked.transform[:3, 3] + copy.shift - pair.T_gt[:3, 3]) < 1.0, copy.describe()
     assert alone.repetition.ratio > 2.0
@@ -403,7 +405,7 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
     refused; the zero-motion pose is checked without it."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
-    from s2h_ros.pipeline import structure_fitness
+    from s2h_ros.verification import structure_fitness
 
     pair = turned_pair(synthetic_pairs(10, 204, sensor="vlp16", family="highway")[2], -104.6)
     # The defaults (DGR's robust step after weighted Procrustes, 2026-12-06): the search's best is the
@@ -468,7 +470,7 @@ def test_a_result_the_ground_carries_where_the_geometry_is_weak_is_not_trusted()
     pose, refused too; the tests here look at the first round's, ``halfway_headings`` off.)"""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
-    from s2h_ros.pipeline import structure_fitness
+    from s2h_ros.verification import structure_fitness
 
     drawn = synthetic_pairs(10, 94, sensor="livox", family="parking_lot", min_distance=10.0, max_distance=20.0)[1]
     pair = turned_pair(drawn, -43.54488676974795)
@@ -607,8 +609,8 @@ def test_a_dense_scan_against_a_sparse_one_is_trusted_when_the_sparse_structure_
     cfg = reg.config
     assert result.fitness < cfg.min_fitness and result.structure_fit < cfg.low_fitness_structure
     local = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
-    assert pipeline.mutual_fitness(src, tgt, local, cfg, result.fitness) >= cfg.min_fitness
-    assert pipeline.structure_fitness(tgt, src, np.linalg.inv(local), cfg) >= cfg.low_fitness_structure
+    assert verification.mutual_fitness(src, tgt, local, cfg, result.fitness) >= cfg.min_fitness
+    assert verification.structure_fitness(tgt, src, np.linalg.inv(local), cfg) >= cfg.low_fitness_structure
     one_way = Registrar(cfg.replace(max_free_space=0.0)).register(src, tgt)
     assert not one_way.success and "off the ground (need" in one_way.message, one_way.message
 
@@ -683,13 +685,13 @@ def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_o
     reg = Registrar(RegistrationConfig())
     cfg = reg.config
 
-    def verified(x: float, inliers: int, fitness: float, success: bool = True) -> pipeline.RegistrationResult:
-        return pipeline.RegistrationResult(geometry.make_transform(np.eye(3), np.array([x, 0.0, 0.0])), success,
+    def verified(x: float, inliers: int, fitness: float, success: bool = True) -> RegistrationResult:
+        return RegistrationResult(geometry.make_transform(np.eye(3), np.array([x, 0.0, 0.0])), success,
                                            "" if success else "degenerate: ...", np.zeros((0, 2), np.int64),
                                            np.zeros(0, np.float32), np.zeros((3, 3)), np.zeros((3, 3)),
                                            num_inliers=inliers, fitness=fitness)
 
-    def stands(rival: pipeline.RegistrationResult) -> bool:
+    def stands(rival: RegistrationResult) -> bool:
         result = verified(0.0, 100, 0.7)
         return reg._without_rival(result, [result, rival]).success
 
@@ -720,10 +722,10 @@ def test_a_degenerate_hypothesis_at_another_heading_is_a_rival_even_at_zero_moti
     reg = Registrar(RegistrationConfig())
     cfg = reg.config
 
-    def hypothesis(x: float, yaw: float, inliers: int, fitness: float, degenerate: bool) -> pipeline.RegistrationResult:
+    def hypothesis(x: float, yaw: float, inliers: int, fitness: float, degenerate: bool) -> RegistrationResult:
         T = geometry.yaw_transform(yaw)
         T[0, 3] = x
-        out = pipeline.RegistrationResult(T, not degenerate, "degenerate: ..." if degenerate else "",
+        out = RegistrationResult(T, not degenerate, "degenerate: ..." if degenerate else "",
                                           np.zeros((0, 2), np.int64), np.zeros(0, np.float32), np.zeros((3, 3)),
                                           np.zeros((3, 3)), num_inliers=inliers, fitness=fitness)
         if degenerate:
@@ -775,14 +777,14 @@ def test_a_trusted_hypothesis_at_another_heading_needs_a_wider_margin_of_inlier_
     the result's heading, a rival is weighed as before."""
     reg = Registrar(RegistrationConfig())
 
-    def hypothesis(x: float, yaw: float, inliers: int, fitness: float, success: bool = True) -> pipeline.RegistrationResult:
+    def hypothesis(x: float, yaw: float, inliers: int, fitness: float, success: bool = True) -> RegistrationResult:
         T = geometry.yaw_transform(yaw)
         T[0, 3] = x
-        return pipeline.RegistrationResult(T, success, "" if success else "not trusted: ...", np.zeros((0, 2), np.int64),
+        return RegistrationResult(T, success, "" if success else "not trusted: ...", np.zeros((0, 2), np.int64),
                                            np.zeros(0, np.float32), np.zeros((3, 3)), np.zeros((3, 3)),
                                            num_inliers=inliers, fitness=fitness)
 
-    def stands(rival: pipeline.RegistrationResult) -> bool:
+    def stands(rival: RegistrationResult) -> bool:
         result = hypothesis(11.0, 180.0, 62, 0.65)
         return reg._without_rival(result, [result, rival]).success
 
@@ -841,7 +843,7 @@ def test_a_sensor_at_rest_on_a_highway_is_not_trusted_by_a_global_search():
 def test_a_real_scan_at_zero_motion_is_still_trusted_by_the_global_search():
     """The off-ground test asks zero-motion results only, and right ones pass it: RAW KITTI 00
     frame 0 (real HDL-64E) against itself fits 1.0 off the ground; frames 1 -> 0 (0.68 m) 0.97."""
-    from s2h_ros.pipeline import structure_fitness
+    from s2h_ros.verification import structure_fitness
 
     raw = KITTI / "raw_00"
     scan0, scan1 = (np.fromfile(raw / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (0, 1))

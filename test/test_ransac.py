@@ -76,7 +76,8 @@ def test_the_search_stops_once_the_consensus_is_certain(voxels):
 def test_a_real_pair_s_own_matches_give_the_registered_pose():
     """RAW KITTI 00 frames 1 -> 0, the pipeline's S2H matches (the safeguard's input): RANSAC on
     them lands within 0.3 m / 1 deg of the trusted registration."""
-    from s2h_ros.pipeline import Registrar, match_features
+    from s2h_ros.correspondences import match_features
+    from s2h_ros.pipeline import Registrar
 
     scans = [np.fromfile(DATA / "kitti" / "raw_00" / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0)]
     registrar = Registrar()

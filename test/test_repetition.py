@@ -13,8 +13,9 @@ from test_degeneracy import GROUND_Z, _plane, message_round_trip, scan
 
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
-from s2h_ros.pipeline import Registrar, result_repetition
+from s2h_ros.pipeline import Registrar
 from s2h_ros.repetition import peak_shifts, repetition, shift_correlation
+from s2h_ros.verification import result_repetition
 
 MAX_REPETITION = RegistrationConfig().max_repetition
 KITTI = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti"
@@ -315,7 +316,7 @@ def test_a_narrow_views_copy_that_the_target_saw_through_does_not_refuse_a_right
     data support: the result is trusted, its strongest copies set aside."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pairs
-    from s2h_ros.pipeline import seen_through_of
+    from s2h_ros.verification import seen_through_of
 
     pairs = synthetic_pairs(10, 878, sensor="hdl32", target_sensor="livox", family="town",
                             min_distance=10.0, max_distance=20.0)

@@ -144,7 +144,7 @@ def test_a_keyframes_spatial_index_is_handed_out_while_its_surface_is_still_bein
     """The worker's tracking support asks a new keyframe for its spatial index while the keyframe's
     warm-up computes its surface on a helper thread: it must not wait for the surface (held here
     by taking the surface caches' lock, as ``PreparedCloud.surface`` does while it runs)."""
-    from s2h_ros.pipeline import PreparedCloud
+    from s2h_ros.cloud import PreparedCloud
 
     cloud = PreparedCloud(voxels.astype(np.float32), torch.zeros(len(voxels), 1), len(voxels), "fpfh")
     with cloud._lock:  # the surface under way
@@ -279,8 +279,8 @@ def test_a_clouds_icp_target_reads_the_covariances_of_its_normals_and_keeps_them
     surface whose covariances ``planar_surface`` reads again instead of searching the neighbourhoods
     twice; they are dropped with the target made (72 bytes a voxel on every keyframe), and a target
     for another ``icp_min_planarity`` searches them again, to the same voxels as from scratch."""
+    from s2h_ros.cloud import PreparedCloud
     from s2h_ros.config import RegistrationConfig
-    from s2h_ros.pipeline import PreparedCloud
 
     xyz = voxels.astype(np.float32)
     cloud = PreparedCloud(xyz=xyz, features=None, num_input_points=len(xyz), feature_kind="fpfh")

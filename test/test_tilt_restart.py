@@ -10,7 +10,8 @@ from scipy.spatial.transform import Rotation
 from s2h_ros import geometry
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.synthetic import CARRIERS, simulate_sequence
-from s2h_ros.pipeline import Registrar, _rings_apart, surface_fit
+from s2h_ros.pipeline import Registrar, _rings_apart
+from s2h_ros.verification import surface_fit
 
 
 def _tilted(T: np.ndarray, axis, deg: float) -> np.ndarray:

@@ -1122,7 +1122,8 @@ for _name, _what, _arguments, _status, _texts, _test in CLI:
 
 
 def _refused_by_register(source, target, *texts: str) -> Outcome:
-    from s2h_ros.pipeline import RegistrationError, register
+    from s2h_ros.cloud import RegistrationError
+    from s2h_ros.pipeline import register
 
     e = Expect()
     try:

@@ -72,8 +72,9 @@ def _scans(args: argparse.Namespace) -> tuple[str, list[np.ndarray]]:
 def _device_stages(device: str, scans: list[np.ndarray], voxel: float, repeats: int) -> dict:
     """Median ms per consecutive pair of the stages that run on ``device``."""
     from s2h_ros.config import RegistrationConfig
+    from s2h_ros.correspondences import match_features, ransac_on_correspondences
     from s2h_ros.matching import prior_support
-    from s2h_ros.pipeline import Registrar, match_features, ransac_on_correspondences
+    from s2h_ros.pipeline import Registrar
 
     cfg = RegistrationConfig(device=device, voxel_size=voxel, features="fcgf")
     reg = Registrar(cfg)
@@ -118,9 +119,11 @@ def _cpu_stages(scans: list[np.ndarray], voxel: float, repeats: int) -> dict | N
     except ImportError:
         return None
     from s2h_ros.config import RegistrationConfig
-    from s2h_ros.pipeline import Registrar, match_features, ransac_on_correspondences, \
-        refine_icp, verify
+    from s2h_ros.correspondences import match_features, ransac_on_correspondences
+    from s2h_ros.pipeline import Registrar
+    from s2h_ros.refinement import refine_icp
     from s2h_ros.surface import estimate_normals, estimate_surface, planar_surface
+    from s2h_ros.verification import verify
 
     cfg = RegistrationConfig(voxel_size=voxel, features="fcgf")
     reg = Registrar(cfg)

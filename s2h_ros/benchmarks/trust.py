@@ -35,9 +35,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from s2h_ros.benchmarks.robustness import FIRST_OF_TRACK, MAX_RE_DEG, MAX_TE_M, step_error
 from s2h_ros.commands.simulate import CARRIER_NAMES
+
+if TYPE_CHECKING:
+    from s2h_ros.config import OdometryConfig, RegistrationConfig
 
 
 PRESETS = ("vlp16", "vlp32", "hdl64", "os128", "depth_camera")
@@ -96,7 +100,7 @@ def plan_cells(sensors: list[str], families: list[str], seed: int) -> list[tuple
     return planned
 
 
-def drive_settings(sensor: str, params_files: list[str]) -> tuple[list[str], "RegistrationConfig", "OdometryConfig"]:
+def drive_settings(sensor: str, params_files: list[str]) -> tuple[list[str], RegistrationConfig, OdometryConfig]:
     """The parameter files a drive of ``sensor`` runs with (``params_files``, else
     config/depth_camera.yaml for an indoor sensor, else none) and the settings they give."""
     from s2h_ros.config import configs_from_params_files

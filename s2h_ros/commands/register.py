@@ -82,9 +82,9 @@ def _is_input_error(exc: Exception) -> bool:
     from s2h_ros.datasets.io import PointCloudFileError
 
     types: list[type[Exception]] = [ConfigError, InputError, PointCloudFileError]
-    pipeline = sys.modules.get("s2h_ros.pipeline")
-    if pipeline is not None:
-        types.append(pipeline.RegistrationError)
+    cloud = sys.modules.get("s2h_ros.cloud")  # where RegistrationError lives (imported with the pipeline)
+    if cloud is not None:
+        types.append(cloud.RegistrationError)
     return isinstance(exc, tuple(types))
 
 
@@ -103,8 +103,9 @@ def _register(args: argparse.Namespace) -> int:
     src, tgt = (read_point_fields(path, columns=args.columns) for path in (args.source, args.target))
 
     from s2h_ros import geometry
+    from s2h_ros.cloud import range_limit
     from s2h_ros.outputs import write_json
-    from s2h_ros.pipeline import range_limit, register
+    from s2h_ros.pipeline import register
     from s2h_ros.scene_scale import reach_m, voxel_hint
 
     result = register(src.points, tgt.points, cfg)

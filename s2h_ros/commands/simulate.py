@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 
 from s2h_ros.outputs import json_text, write_json, write_text
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 

@@ -59,12 +59,13 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from s2h_ros import geometry, stamps
+from s2h_ros.cloud import RegistrationError
 from s2h_ros.config import ConfigError, cpu_threads, use_cpu_threads
 from s2h_ros.handover import Failed, Handover, limit_malloc_arenas
-from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
-from s2h_ros.pipeline import Registrar, RegistrationError
-from s2h_ros.pointcloud2 import PointCloud2Error, read_xyz_times
 from s2h_ros.msg import RegistrationResult as RegistrationResultMsg
+from s2h_ros.odometry import KeyframeOdometry, OdometryStep, PreparedScan
+from s2h_ros.pipeline import Registrar
+from s2h_ros.pointcloud2 import PointCloud2Error, read_xyz_times
 from s2h_ros.ros import messages
 from s2h_ros.ros.frames import OdomFrame
 from s2h_ros.ros.parameters import declare_and_read, pose_parameter

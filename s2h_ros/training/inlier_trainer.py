@@ -91,7 +91,7 @@ class InlierTask:
             j = nearest_feature(f0, f1)
             i = torch.arange(len(j), device=j.device)
             return i, j, torch.ones(len(j), device=f0.device), None
-        from s2h_ros.pipeline import s2h_correspondences
+        from s2h_ros.correspondences import s2h_correspondences
 
         return s2h_correspondences(f0, f1, self.reg)
 

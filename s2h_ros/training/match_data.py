@@ -2,7 +2,7 @@
 
 With FCGF frozen (the paper's supplement trains SHM_DGR's inlier network that way), the matches a
 pair yields do not change during training, so they are computed once, exactly as the pipeline
-computes them (``pipeline.match_features`` with ``RegistrationConfig``'s values), and the network
+computes them (``correspondences.match_features`` with ``RegistrationConfig``'s values), and the network
 then trains on them at thousands of steps per minute on a CPU instead of one FCGF + S2H pass per
 step.
 
@@ -67,7 +67,7 @@ def pair_samples(registrar, source: np.ndarray, target: np.ndarray, T_gt: np.nda
     """The ``global`` and ``prior`` samples of one pair (``(N, 3)`` clouds, ``T_gt`` source -> target).
     ``prior_sigma``: metres of the prior's horizontal error; default ``PRIOR_SIGMA_SHARE`` of the
     registrar's ``prior_radius`` (0.25 m outdoors, 0.04 m with config/depth_camera.yaml's 0.25 m)."""
-    from s2h_ros.pipeline import match_features
+    from s2h_ros.correspondences import match_features
 
     cfg = registrar.config
     if prior_sigma is None:
