@@ -40,9 +40,9 @@ from s2h_ros.refinement import fine_registration, icp_on_device, refine_icp
 from s2h_ros.registration_result import Refinement, RegistrationResult
 from s2h_ros.repetition import Repetition
 from s2h_ros.sparse.kernel_map import keys_fit
-from s2h_ros.verification import (alignment_covariance, alignment_degeneracy, free_space_refusal, levelled_transform,
-                                  mutual_fitness, nearest_voxels, point_to_plane_rows, result_repetition,
-                                  screen_inlier_estimate, seen_through_of, share, slide_of, slide_refusal,
+from s2h_ros.verification import (alignment_covariance, alignment_degeneracy, fraction_text, free_space_refusal,
+                                  levelled_transform, mutual_fitness, nearest_voxels, point_to_plane_rows,
+                                  result_repetition, screen_inlier_estimate, seen_through_of, slide_of, slide_refusal,
                                   structure_fitness, surface_fit, verify)
 
 
@@ -128,7 +128,7 @@ SLIDE_MOVES = 3
 # voxels at 0.3 m: simulated VLP-16 22-24, HDL-32 / VLP-32 23-39, 64-beam lidars 74-135, OS1-128
 # 166-273, Livox 295-319) has its results restarted; a restart replaces the result when the fraction of
 # the scan lying on the target's surfaces (``surface_fit``) gains RESTART_GAIN, and the surfaces
-# count a voxel within SURFACE_TOLERANCE voxel sizes of its neighbour's plane.
+# count a voxel within verification.SURFACE_TOLERANCE voxel sizes of its neighbour's plane.
 RESTART_MAX_RINGS = 48.0
 RESTART_GAIN = 0.01
 RESTART_POINTS = 2000  # source voxels the restarts refine and score (a fixed-seed subset)
@@ -1155,7 +1155,7 @@ class Registrar:
                 return "", structure_fit
             return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}, or "
                     f"{cfg.few_inliers_floor} with {cfg.min_structure_fitness:.2f} of the voxels off the ground "
-                    f"fitting: {share(structure_fit)})"), structure_fit
+                    f"fitting: {fraction_text(structure_fit)})"), structure_fit
         structure_fit = structure_back = overlap = None
         if enough_inliers:
             with timer.stage("verify"):
@@ -1170,7 +1170,7 @@ class Registrar:
         if free_space_backed and overlap is not None:
             either = f", {overlap:.2f} the better way"
             if structure_fit is not None or structure_back is not None:
-                off = (f"; off the ground {share(structure_fit)} of the source's voxels and {share(structure_back)} "
+                off = (f"; off the ground {fraction_text(structure_fit)} of the source's voxels and {fraction_text(structure_back)} "
                        f"of the target's fit (need {cfg.low_fitness_structure:.2f} either way below fitness "
                        f"{cfg.min_fitness:.2f})")
         elif structure_fit is not None:
@@ -1333,11 +1333,8 @@ def _rings_apart(cloud: "PreparedCloud") -> bool:
     return sharpness > 0 and 1.0 / sharpness < RESTART_MAX_RINGS
 
 
-# The fine stage may turn the refined result by less than this (the agreement angle), and runs at
-# most this many ICP iterations. The target's normals come from at most FINE_NORMAL_NEIGHBOURS
-# points within FINE_NORMAL_RADIUS_VOXELS x voxel_size (1.5 m at 0.3 m voxels): wider than a
-# 16-32-beam lidar's ring spacing on the ground and on walls 10-20 m off, so that a normal is the
-# surface's, not one ring's.
+# The fine stage (refinement.fine_registration) may turn the refined result by less than this (the
+# agreement angle), or it is not kept (``Registrar._polished``).
 FINE_MAX_TURN_DEG = AGREE_ROTATION_DEG
 
 

@@ -61,12 +61,12 @@ def open3d_point_to_plane(source, target, T: np.ndarray, distances: list[float],
     return T
 
 
+# The fine stage runs at most FINE_ITERATIONS ICP iterations. The target's normals come from at most
+# FINE_NORMAL_NEIGHBOURS points within FINE_NORMAL_RADIUS_VOXELS x voxel_size (1.5 m at 0.3 m
+# voxels): wider than a 16-32-beam lidar's ring spacing on the ground and on walls 10-20 m off, so
+# that a normal is the surface's, not one ring's.
 FINE_ITERATIONS = 50
-
-
 FINE_NORMAL_NEIGHBOURS = 30
-
-
 FINE_NORMAL_RADIUS_VOXELS = 5.0
 
 

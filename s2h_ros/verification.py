@@ -72,7 +72,7 @@ def screen_inlier_estimate(src: np.ndarray, tgt: np.ndarray, pairs: np.ndarray, 
     return inliers * len(src) / max(matched, 1)
 
 
-def share(fraction: float | None) -> str:
+def fraction_text(fraction: float | None) -> str:
     """A fraction for a message, "-" where it was not measured (too few voxels)."""
     return "-" if fraction is None else f"{fraction:.2f}"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
 from s2h_ros.outputs import json_text, write_json, write_text
 
 # Kept in step with FAMILIES, LIDAR_PRESETS and CARRIERS of s2h_ros.datasets.synthetic (checked by the tests),
