@@ -113,7 +113,7 @@ class RegistrationResult:
     # None where no restart replaced it.
     restarted_deg: float | None = None
     # Where the slide recovery moved this refused result, refused there too (``slid_m`` set): the
-    # global search returns such moves when several agree (``Registrar._agreed_move``).
+    # global search returns such moves when several agree (``hypotheses.agreed_move``).
     refused_move: RegistrationResult | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:

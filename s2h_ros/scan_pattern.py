@@ -3,7 +3,7 @@
 A spinning lidar's rings are cones about its spin axis: every point of one laser has the same
 elevation about that axis, so the elevations' histogram is a comb of sharp peaks there and is
 smeared anywhere else. The axis matters where the pipeline asks whether two scans sit at *zero
-motion* (``pipeline.at_zero_motion``): there each ring lies on its twin whatever the scene, but
+motion* (``hypotheses.at_zero_motion``): there each ring lies on its twin whatever the scene, but
 only if the two spin axes agree; a turn about the axis keeps the rings, a tilt moves them. A
 cloud in its sensor's frame (or any frame fixed to the sensor) has its rings about z even when the
 sensor leans (handheld rigs); a level scan turned afterwards (the evaluation's synthetic

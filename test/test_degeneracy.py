@@ -13,6 +13,7 @@ from s2h_ros.cloud import PreparedCloud
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.synthetic.sensor import LidarModel
 from s2h_ros.degeneracy import weakest_direction
+from s2h_ros.hypotheses import agreed_move, at_zero_motion
 from s2h_ros.pipeline import Registrar
 from s2h_ros.verification import alignment_degeneracy, point_to_plane_rows
 
@@ -395,7 +396,7 @@ def test_a_slide_never_ends_at_zero_motion(registrar):
     own pattern on the structure (ring arcs on rails and walls) fits its twin whatever the truth:
     on a development OS1-64 highway pair 16 m apart (base seed 1131) a right result was moved
     16.2 m to zero motion, where the structure fitted 0.46 against 0.31 at the truth."""
-    from s2h_ros.pipeline import _Timer, at_zero_motion
+    from s2h_ros.pipeline import _Timer
     from s2h_ros.verification import slide_of
 
     rng = np.random.default_rng(3)
@@ -433,43 +434,45 @@ def _refused(t_x: float, yaw_deg: float = 0.0, fitness: float = 0.5, moved_to: f
     return r
 
 
-def test_a_refused_search_returns_a_move_only_where_several_hypotheses_landed_together(registrar):
-    """``_agreed_move`` (no prior): hypotheses of two headings moved to one place give that place,
+def test_a_refused_search_returns_a_move_only_where_several_hypotheses_landed_together():
+    """``agreed_move`` (no prior): hypotheses of two headings moved to one place give that place,
     refused; one move alone, two of one heading (the learned estimate and RANSAC's on the same
     matches), moves that land apart and moves turned from the search's best do not replace the
     search's estimate."""
+    cfg = RegistrationConfig()
     best = _refused(15.0)
     together = [best, _refused(15.0, moved_to=4.0), _refused(15.1, moved_to=4.1, fitness=0.6, heading=90.0)]
-    got = registrar._agreed_move(best, together)
+    got = agreed_move(best, together, cfg)
     assert got is together[2].refused_move and not got.success
     assert got.message.startswith("not trusted: 2 refused hypotheses at 2 headings") and "refused at 15.0 m" in got.message
     assert got.heading_deg == 90.0
-    assert registrar._agreed_move(best, [best, _refused(15.0, moved_to=4.0)]) is best  # one move alone
+    assert agreed_move(best, [best, _refused(15.0, moved_to=4.0)], cfg) is best  # one move alone
     one_heading = [_refused(15.0, moved_to=4.0), _refused(15.1, moved_to=4.1)]
-    assert registrar._agreed_move(best, [best] + one_heading) is best
+    assert agreed_move(best, [best] + one_heading, cfg) is best
     apart = [_refused(15.0, moved_to=4.0), _refused(15.0, moved_to=9.0, heading=90.0)]
-    assert registrar._agreed_move(best, [best] + apart) is best
+    assert agreed_move(best, [best] + apart, cfg) is best
     turned = [_refused(15.0, 180.0, moved_to=4.0), _refused(15.0, 180.0, moved_to=4.1, heading=90.0)]
-    assert registrar._agreed_move(best, [best] + turned) is best
+    assert agreed_move(best, [best] + turned, cfg) is best
 
 
-def test_a_refused_search_returns_where_more_headings_landed_than_beside_its_best(registrar):
-    """``_agreed_move`` without moves: where the hypotheses of more headings landed, unmoved, than
+def test_a_refused_search_returns_where_more_headings_landed_than_beside_its_best():
+    """``agreed_move`` without moves: where the hypotheses of more headings landed, unmoved, than
     beside the best fitting one, that place comes back, refused; not when the best has as many
     beside it, nor at zero motion (a sensor's rings on their twins), nor turned from the best."""
+    cfg = RegistrationConfig()
     best = _refused(15.0, fitness=0.8)
     landed = [_refused(4.0, heading=90.0), _refused(4.1, fitness=0.6, heading=180.0), _refused(4.05, heading=180.0)]
-    got = registrar._agreed_move(best, [best] + landed)
+    got = agreed_move(best, [best] + landed, cfg)
     assert got is landed[1] and not got.success
     assert got.message.startswith("not trusted: 3 refused hypotheses at 2 headings landed together")
     assert "The search's best: refused at 15.0 m" in got.message
     beside = [_refused(15.05, heading=45.0), _refused(15.1, heading=270.0)]
-    assert registrar._agreed_move(best, [best] + landed + beside[:1]) is best  # 2 headings each: the best stays
-    assert registrar._agreed_move(best, [best] + landed + beside) is best
+    assert agreed_move(best, [best] + landed + beside[:1], cfg) is best  # 2 headings each: the best stays
+    assert agreed_move(best, [best] + landed + beside, cfg) is best
     at_zero = [_refused(0.05, heading=90.0), _refused(0.0, heading=180.0)]
-    assert registrar._agreed_move(best, [best] + at_zero) is best
+    assert agreed_move(best, [best] + at_zero, cfg) is best
     turned = [_refused(4.0, 90.0, heading=90.0), _refused(4.1, 90.0, heading=180.0)]
-    assert registrar._agreed_move(best, [best] + turned) is best
+    assert agreed_move(best, [best] + turned, cfg) is best
 
 
 def test_a_sparse_highway_pair_returns_where_its_hypotheses_slides_landed(registrar):

@@ -156,7 +156,7 @@ def test_handheld_scans_tilted_against_each_other_are_not_at_zero_motion():
     Scans 0 -> 1 and 1 -> 2 were refused as zero motion (0.32 and 0.47 of the structure fitting);
     now all three pairs are trusted, and the three registrations close their cycle 0 -> 1 -> 2 -> 0
     to the identity within 0.3 deg / 5 cm, which two wrong results would not."""
-    from s2h_ros.pipeline import ZERO_MOTION_TILT_DEG, at_zero_motion
+    from s2h_ros.hypotheses import ZERO_MOTION_TILT_DEG, at_zero_motion
 
     registrar = Registrar()
     scans = [_newer_college(i) for i in range(3)]
@@ -186,7 +186,7 @@ def test_a_level_scan_tilted_afterwards_keeps_its_rings_about_its_ground():
     sensors were; the same scan untilted has them about z."""
     from s2h_ros.datasets.types import tilted_pair
     from s2h_ros.evaluation.matrix import PairSettings, cell_pairs, matrix_cells
-    from s2h_ros.pipeline import at_zero_motion
+    from s2h_ros.hypotheses import at_zero_motion
     from s2h_ros.scan_pattern import ring_sharpness
 
     cell = matrix_cells(1150, sensors="hdl32", families="town", indoor_sensors="", mixed="", real="")[0]

@@ -228,7 +228,7 @@ def test_a_decisive_match_at_the_heading_as_given_still_hears_the_turn_around():
     that stopped there trusted it. The turn-around is heard before anything is trusted
     (``hear_every_heading``): there the truth has 400, 1.5x the mirror's, and wins; but the mirror
     passed every test too, so the office fits the scan both ways round and the truth is returned
-    refused as ambiguous (``_without_rival``: counts found at two headings compare poorly, so beside
+    refused as ambiguous (``without_rival``: counts found at two headings compare poorly, so beside
     a trusted turned rival the truth needs ``TURNED_RIVAL_INLIER_RATIO``, 2.5x, and has 1.7x)."""
     from s2h_ros.evaluation.matrix import Cell, PairSettings, cell_pairs
 

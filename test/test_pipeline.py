@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from s2h_ros import geometry, pipeline, verification
+from s2h_ros import geometry, hypotheses, pipeline, verification
 from s2h_ros.cloud import RegistrationError
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
+from s2h_ros.hypotheses import without_rival
 from s2h_ros.pipeline import Registrar, register
 from s2h_ros.registration_result import RegistrationResult
 
@@ -300,7 +301,7 @@ def test_a_quick_search_trusts_only_what_the_full_search_would_take_without_look
     src, tgt = reg.prepare(pair.source), reg.prepare(pair.target)
     quick = reg.register(src, tgt, search="quick")
     assert quick.success and 0.1 <= quick.inlier_ratio < 0.9
-    monkeypatch.setattr(pipeline, "DECISIVE_INLIER_RATIO", 0.9)  # the same result is no longer decisive
+    monkeypatch.setattr(hypotheses, "DECISIVE_INLIER_RATIO", 0.9)  # the same result is no longer decisive
     again = reg.register(src, tgt, search="quick")
     assert not again.success and again.message.startswith("not decisive")
     np.testing.assert_allclose(again.transform, quick.transform)  # the same result, only not trusted
@@ -336,7 +337,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     ground only 0.38 of the voxels fit, the slide evidence, the repetition test, a rival heading.
     Without them the same search trusts the wrong pose. What comes back by default is where four
     hypotheses of three headings were moved together by the slide recovery, 3 cm from the truth,
-    still refused (``_agreed_move``); the tests on the zero-motion pose are checked without it.
+    still refused (``agreed_move``); the tests on the zero-motion pose are checked without it.
     All with ICP against every voxel (``icp_min_planarity`` 0), as found; against the planes (the
     default) the search's best has 26 inlier matches and is refused too."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
@@ -355,7 +356,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     assert "The search's best unmoved: not trusted: 17 inlier" in refused.message, refused.message
     re, te = geometry.transform_errors(refused.transform, pair.T_gt)
     assert te < 0.1 and re < 1.0, (te, re)
-    monkeypatch.setattr(pipeline, "AGREED_MOVES", 99)  # from here on the search's own best comes back
+    monkeypatch.setattr(hypotheses, "AGREED_MOVES", 99)  # from here on the search's own best comes back
     assert default.register(src, tgt).message.startswith("not trusted: 17 inlier")
     reg = Registrar(every_voxel.replace(min_inliers=10))
     result = reg.register(src, tgt)
@@ -373,7 +374,7 @@ def test_a_zero_motion_result_only_the_ground_pattern_supports_is_not_trusted(mo
     rivalled = unchecked_reg.register(src, tgt)  # a turned hypothesis with as many inlier matches: a rival
     assert not rivalled.success and rivalled.message.startswith("ambiguous: the heading"), rivalled.message
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pipeline, "RIVAL_INLIER_RATIO", 0.0)
+        patch.setattr(hypotheses, "RIVAL_INLIER_RATIO", 0.0)
         unchecked = unchecked_reg.register(src, tgt)
         # The repetition test (s2h_ros.repetition) refuses it on its own too: shifted by about the
         # truth's 15.6 m the scan's structure fits several times better than where the result put it.
@@ -401,7 +402,7 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
     weakest constraint (0.0078) is in the grey zone but the slide test finds no clearly better
     position, the repetition test no copy. What refuses it: a global search's result at zero
     motion in the grey zone is not trusted; without the grey zone it is trusted. What comes back by
-    default is where hypotheses of two headings landed (``_agreed_move``), 1.8 m from the truth,
+    default is where hypotheses of two headings landed (``agreed_move``), 1.8 m from the truth,
     refused; the zero-motion pose is checked without it."""
     from s2h_ros.datasets.synthetic.sequence import synthetic_pairs
     from s2h_ros.datasets.types import turned_pair
@@ -421,7 +422,7 @@ def test_a_zero_motion_result_that_rails_along_a_highway_support_is_not_trusted(
         in returned.message and "The search's best: not trusted: zero motion" in returned.message, returned.message
     assert 1.0 < geometry.transform_errors(returned.transform, pair.T_gt)[1] < 3.0  # closer, not right
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pipeline, "AGREED_MOVES", 99)  # the search's own best, the zero-motion pose
+        patch.setattr(hypotheses, "AGREED_MOVES", 99)  # the search's own best, the zero-motion pose
         result = reg.register(src, tgt)
     assert geometry.transform_errors(result.transform, pair.T_gt)[1] > 10.0  # wrong by the whole distance
     assert np.linalg.norm(result.transform[:3, 3]) < reg.config.inlier_distance  # at zero motion
@@ -533,7 +534,7 @@ def test_a_highway_pair_turned_around_is_not_trusted_beside_the_right_heading():
     assert not result.success and result.message.startswith("ambiguous: the heading 0 deg hypothesis"), result.message
     assert "it was refused: degenerate: a slide" in result.message
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pipeline, "RIVAL_INLIER_RATIO", 0.0)
+        patch.setattr(hypotheses, "RIVAL_INLIER_RATIO", 0.0)
         unchecked = reg.register(src, tgt)
     assert unchecked.success and geometry.transform_errors(unchecked.transform, pair.T_gt)[1] > 20
 
@@ -555,7 +556,7 @@ def test_a_parking_lot_pair_turned_by_a_quarter_is_not_trusted_beside_the_right_
     assert geometry.transform_errors(result.transform, pair.T_gt)[1] > 10.0 and result.fitness >= 0.5
     assert not result.success and result.message.startswith("ambiguous: the heading"), result.message
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pipeline, "RIVAL_INLIER_RATIO", 0.0)
+        patch.setattr(hypotheses, "RIVAL_INLIER_RATIO", 0.0)
         assert reg.register(src, tgt).success  # without the rival test: trusted, 23 m off
 
 
@@ -675,15 +676,14 @@ def test_a_scan_of_another_world_fitting_below_min_fitness_is_not_trusted_off_th
 
 
 def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_of_the_matches():
-    """``_without_rival``: a disagreeing hypothesis with ``min_inliers`` inlier matches, some fit
+    """``without_rival``: a disagreeing hypothesis with ``min_inliers`` inlier matches, some fit
     (half ``min_fitness``) and more than 1 / ``RIVAL_INLIER_RATIO`` of the result's matches makes
     it ambiguous, whatever its verdict; one that agrees, one with fewer inliers than a trusted
     result needs, one that hardly fits, one with fewer matches, or an untrusted one that pins no pose
     (at zero motion: the sensor's own pattern; degenerate: anywhere along the road) does not."""
     from s2h_ros.degeneracy import Degeneracy
 
-    reg = Registrar(RegistrationConfig())
-    cfg = reg.config
+    cfg = RegistrationConfig()
 
     def verified(x: float, inliers: int, fitness: float, success: bool = True) -> RegistrationResult:
         return RegistrationResult(geometry.make_transform(np.eye(3), np.array([x, 0.0, 0.0])), success,
@@ -693,7 +693,7 @@ def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_o
 
     def stands(rival: RegistrationResult) -> bool:
         result = verified(0.0, 100, 0.7)
-        return reg._without_rival(result, [result, rival]).success
+        return without_rival(result, [result, rival], cfg).success
 
     assert not stands(verified(5.0, 70, 0.7, success=False))  # refused elsewhere, but fits: a rival
     assert stands(verified(0.1, 300, 0.9))  # agrees (within the inlier distance)
@@ -702,25 +702,24 @@ def test_a_rival_needs_the_inliers_of_a_trusted_result_some_fit_and_two_thirds_o
     assert stands(verified(5.0, cfg.min_inliers - 1, 0.9))  # too few inliers to be trusted itself
     assert not stands(verified(5.0, 90, 0.3, success=False))  # below min_fitness: low overlap, still evidence
     assert stands(verified(5.0, 90, 0.2, success=False))  # explains too little of the scan to be a pose
-    assert not reg._without_rival(verified(0.0, 100, 0.7, success=False), []).success  # untrusted stays so
+    assert not without_rival(verified(0.0, 100, 0.7, success=False), [], cfg).success  # untrusted stays so
     far = verified(10.0, 100, 0.7)  # a result 10 m on; at zero motion an untrusted alias of the sensor's pattern
-    assert reg._without_rival(far, [far, verified(0.0, 300, 0.9, success=False)]).success
-    assert not reg._without_rival(far, [far, verified(0.0, 300, 0.9)]).success  # trusted at rest: a rival
+    assert without_rival(far, [far, verified(0.0, 300, 0.9, success=False)], cfg).success
+    assert not without_rival(far, [far, verified(0.0, 300, 0.9)], cfg).success  # trusted at rest: a rival
     degenerate = verified(5.0, 300, 0.9, success=False)  # its position along the road is anyone's
     degenerate.degeneracy = Degeneracy(cfg.min_constraint / 2, np.array([1.0, 0, 0, 0, 0, 0]), np.zeros(3), 300)
     assert stands(degenerate)
 
 
 def test_a_degenerate_hypothesis_at_another_heading_is_a_rival_even_at_zero_motion():
-    """``_pins_no_pose``: a hypothesis refused as degenerate leaves its position along the road
+    """``pins_no_pose``: a hypothesis refused as degenerate leaves its position along the road
     open, not its heading. Beside a result that turns the road around it is a rival, at zero motion
     too (held-out OS1-64 highway, world 822: the road turned around, 16.6 m / 180 deg off, trusted at
     68 inlier matches beside the heading as given with 609, degenerate and slid to zero motion);
     at about the result's heading it still says nothing."""
     from s2h_ros.degeneracy import Degeneracy
 
-    reg = Registrar(RegistrationConfig())
-    cfg = reg.config
+    cfg = RegistrationConfig()
 
     def hypothesis(x: float, yaw: float, inliers: int, fitness: float, degenerate: bool) -> RegistrationResult:
         T = geometry.yaw_transform(yaw)
@@ -733,7 +732,7 @@ def test_a_degenerate_hypothesis_at_another_heading_is_a_rival_even_at_zero_moti
         return out
 
     def stands(result, rival) -> bool:
-        return reg._without_rival(result, [result, rival]).success
+        return without_rival(result, [result, rival], cfg).success
 
     def turned_around():
         return hypothesis(-1.1, 180.0, 68, 0.36, degenerate=False)
@@ -770,12 +769,12 @@ def test_an_office_turned_around_is_not_trusted_beside_the_right_heading_refused
 
 
 def test_a_trusted_hypothesis_at_another_heading_needs_a_wider_margin_of_inlier_matches():
-    """``_without_rival``: inlier matches found at different source headings compare poorly (the
+    """``without_rival``: inlier matches found at different source headings compare poorly (the
     features see a turned scan differently), so against a rival turned more than
     ``RIVAL_HEADING_DEG`` that passed every test itself the result needs
     ``TURNED_RIVAL_INLIER_RATIO`` times its matches, not ``RIVAL_INLIER_RATIO``; refused or at about
     the result's heading, a rival is weighed as before."""
-    reg = Registrar(RegistrationConfig())
+    cfg = RegistrationConfig()
 
     def hypothesis(x: float, yaw: float, inliers: int, fitness: float, success: bool = True) -> RegistrationResult:
         T = geometry.yaw_transform(yaw)
@@ -786,11 +785,11 @@ def test_a_trusted_hypothesis_at_another_heading_needs_a_wider_margin_of_inlier_
 
     def stands(rival: RegistrationResult) -> bool:
         result = hypothesis(11.0, 180.0, 62, 0.65)
-        return reg._without_rival(result, [result, rival]).success
+        return without_rival(result, [result, rival], cfg).success
 
     refused = hypothesis(0.2, 0.0, 30, 0.38)
-    assert not stands(refused) and "turned 180 deg" in reg._without_rival(hypothesis(11.0, 180.0, 62, 0.65),
-                                                                          [refused]).message
+    assert not stands(refused) and "turned 180 deg" in without_rival(hypothesis(11.0, 180.0, 62, 0.65),
+                                                                      [refused], cfg).message
     assert not stands(hypothesis(0.2, 90.0, 30, 0.38))  # a quarter turn
     assert stands(hypothesis(0.2, 0.0, 30, 0.38, success=False))  # refused itself: the counts decide (2x)
     assert stands(hypothesis(5.0, 160.0, 30, 0.38))  # 20 deg from the result: the counts decide

@@ -15,7 +15,7 @@ the speed kept (key: the horizon) or changing at the rate the speeds of the last
 every such scan measures them, the window widened to two such intervals as the odometry's
 ``motion_prior.speed_window`` does), and compares with the true pose then: yaw and position error (and
 ``beyond_radius``, the share more than ``prior_radius`` off), and whether the heading hypothesis the
-global search tries first (``pipeline.heading_order``) is the one nearest the true yaw
+global search tries first (``hypotheses.heading_order``) is the one nearest the true yaw
 (``right_heading_first``) or a turned one where the truth is within half a hypothesis step of the
 heading as given (``turned_first``: the search tries a wrong turned heading first).
 """
@@ -74,7 +74,7 @@ def prediction_errors(poses: np.ndarray, rate: float, twist_over: float, ahead: 
     ``twist_over`` seconds before it; ``beyond_radius``: the fraction more than ``radius`` metres
     off (tracking's ``prior_radius``: a correction beyond it costs a global search)."""
     from s2h_ros.motion_prior import body_twist, predicted_pose, speed_change, speed_window
-    from s2h_ros.pipeline import heading_order
+    from s2h_ros.hypotheses import heading_order
 
     back, on = max(1, round(twist_over * rate)), max(1, round(ahead * rate))
     samples = range(back, len(poses) - on, every)
