@@ -32,11 +32,9 @@ DECISIVE_INLIER_RATIO = 0.1
 # search's rivals here, the odometry's hypotheses (s2h_ros.odometry), the fine stage's turn.
 AGREE_ROTATION_DEG = 2.0
 
-
 # A refused global search without a prior returns where the slide moves of hypotheses at this many
 # headings landed together (``agreed_move``).
 AGREED_MOVES = 2
-
 
 # A global search's trusted result stands against a rival (another hypothesis of the same search
 # that disagrees with it yet has min_inliers inlier matches and RIVAL_FITNESS_SHARE of min_fitness,
@@ -54,6 +52,15 @@ RIVAL_FITNESS_SHARE = 0.5
 # position along it open, not the heading; and a trusted hypothesis turned this much needs
 # TURNED_RIVAL_INLIER_RATIO (without_rival).
 RIVAL_HEADING_DEG = 45.0
+
+# Sensors whose pattern axes (``PreparedCloud.pattern_axis``) a result tilts by more than this
+# against each other are not at zero motion, however close: a spinning lidar's rings are circles
+# about its axis, and a turn about the axis maps them onto themselves, a tilt does not (tilted by 20
+# deg, a ring that meets level ground 5 m from a sensor 1.7 m up meets it 2.1 m away, or beyond 80
+# m, except near the tilt's own axis). Vehicles tilt a few degrees between scans; the real handheld
+# Newer College OS1-64 scans, 0.5 m apart, 43-46 deg.
+ZERO_MOTION_TILT_DEG = 20.0
+_Z = np.array([0.0, 0.0, 1.0])  # a pattern axis when none is given: z
 
 
 def headings_of(results: list[RegistrationResult]) -> int:
@@ -80,22 +87,10 @@ def at_zero_motion(transform: np.ndarray, cfg: RegistrationConfig, src: Prepared
     return tilt_deg(transform, axis_src, axis_tgt) < ZERO_MOTION_TILT_DEG
 
 
-_Z = np.array([0.0, 0.0, 1.0])
-
-
 def tilt_deg(T: np.ndarray, axis_src: np.ndarray = _Z, axis_tgt: np.ndarray = _Z) -> float:
     """Degrees ``T`` (4, 4) turns the source's unit ``axis_src`` (3,) away from the target's
     ``axis_tgt`` (z: how far it tilts the source sensor against the target's)."""
     return float(np.degrees(np.arccos(np.clip((T[:3, :3] @ axis_src) @ axis_tgt, -1.0, 1.0))))
-
-
-# Sensors whose pattern axes (``PreparedCloud.pattern_axis``) a result tilts by more than this
-# against each other are not at zero motion, however close: a spinning lidar's rings are circles
-# about its axis, and a turn about the axis maps them onto themselves, a tilt does not (tilted by 20
-# deg, a ring that meets level ground 5 m from a sensor 1.7 m up meets it 2.1 m away, or beyond 80
-# m, except near the tilt's own axis). Vehicles tilt a few degrees between scans; the real handheld
-# Newer College OS1-64 scans, 0.5 m apart, 43-46 deg.
-ZERO_MOTION_TILT_DEG = 20.0
 
 
 def better(candidate: RegistrationResult, current: RegistrationResult) -> bool:
@@ -133,7 +128,7 @@ def pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: n
     motion (``at_zero_motion`` of ``src`` and ``tgt``: the sensors less than ``inlier_distance``
     apart, their patterns' axes together), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
-    ``_rest_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
+    ``Registrar._rest_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
     matches beside right results with 37-56), or where the geometry hardly constrains a direction
     (weakest constraint below ``min_constraint``): matches of structure extended along it support
     every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31).
@@ -236,7 +231,7 @@ def agreed_move(result: RegistrationResult, verified: list[RegistrationResult], 
     than on ``result`` and not at zero motion (``at_zero_motion``).
 
     Each move is made only to a clear peak of the structure that refuted the hypothesis where it
-    had landed (``_slide_recovered``), and below ``min_constraint`` it must stay refused: there
+    had landed (``Registrar._slide_recovered``), and below ``min_constraint`` it must stay refused: there
     slide evidence cannot be told from a tunnel's. On sparse-sensor highways the hypotheses of
     several headings land at one place 10-20 m along the road (often zero motion, where the
     sensor's rings lie on their twins) and are moved together to within a few cm of the truth

@@ -114,9 +114,9 @@ from s2h_ros.config import OdometryConfig, RegistrationConfig
 from s2h_ros.correspondences import ransac_on_correspondences
 from s2h_ros.deskew import DeskewError, deskew
 from s2h_ros.handover import in_background, in_low_priority_process
+from s2h_ros.hypotheses import AGREE_ROTATION_DEG, agree
 from s2h_ros.local_map import LocalMap
 from s2h_ros.motion_prior import body_twist, predicted_pose, relocalised_twist, speed_change, speed_window
-from s2h_ros.hypotheses import AGREE_ROTATION_DEG, agree
 from s2h_ros.pipeline import Registrar
 from s2h_ros.registration_result import Refinement, RegistrationResult
 
