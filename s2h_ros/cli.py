@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("s2h_ros.commands.simulate", "generate a synthetic lidar sequence (KITTI layout, rosbag2)"),
     "train": ("s2h_ros.commands.train", "train FCGF features or the inlier/S2H network"),
     "replay": ("s2h_ros.commands.replay", "replay a KITTI sequence or rosbag2 through registration_node"),
+    "compare": ("s2h_ros.commands.compare", "compare two evaluation runs of the same pairs, pair by pair"),
     "figure": ("s2h_ros.commands.figure", "draw the paper's figures on real data (e.g. ambiguity)"),
     "bench": ("", "run a benchmark and write JSON (s2h bench NAME --json out.json)"),
 }
