@@ -76,6 +76,14 @@ def test_errors_are_compared_over_the_pairs_right_in_both_runs_only():
     assert e["te_m"]["after_median"] == pytest.approx(0.02)
 
 
+def test_error_changes_at_floating_point_noise_are_ties():
+    after = [dict(r, re_deg=r["re_deg"] + 1e-9, te_m=r["te_m"] - 1e-12) if r["re_deg"] is not None else r
+             for r in BEFORE]
+    e = cmp.compare_runs(cmp.select_run(BEFORE, None, "a"), cmp.select_run(after, None, "b"))["errors_right_in_both"]
+    assert e["pairs"] == 4
+    assert (e["re_deg"]["lower"], e["re_deg"]["higher"], e["te_m"]["lower"], e["te_m"]["higher"]) == (0, 0, 0, 0)
+
+
 def test_a_run_against_itself_changes_nothing():
     run = cmp.select_run(BEFORE, None, "a")
     report = cmp.compare_runs(run, run)

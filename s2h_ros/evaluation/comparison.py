@@ -34,6 +34,9 @@ import numpy as np
 from s2h_ros.evaluation.harness import trust_counts
 
 OUTCOMES = ("right, trusted", "right, refused", "wrong, refused", "wrong, trusted")
+# Error changes smaller than these are ties, not pairs that moved: the same code on another
+# machine or thread count differs by about 1e-12 deg and 1e-14 m.
+TIES = {"re_deg": 1e-6, "te_m": 1e-6}
 PairKey = tuple[str, str]  # (cell or "", pair name)
 
 
@@ -152,13 +155,13 @@ def flips(before: list[dict], after: list[dict], holds) -> dict[str, Any]:
 
 def paired_errors(before: list[dict], after: list[dict]) -> dict[str, Any]:
     """RE (deg) and TE (m) over the pairs right in both runs: mean and median of each run, how
-    many pairs went down and up (ties apart), and the two-sided sign test's p."""
+    many pairs went down and up (changes within ``TIES`` are ties), and the two-sided sign test's p."""
     both = [(b, a) for b, a in zip(before, after) if b["registered"] and a["registered"]]
     out: dict[str, Any] = {"pairs": len(both)}
     for name in ("re_deg", "te_m"):
         old = np.array([_error(b[name]) for b, _ in both])
         new = np.array([_error(a[name]) for _, a in both])
-        down, up = int(np.sum(new < old)), int(np.sum(new > old))
+        down, up = int(np.sum(new < old - TIES[name])), int(np.sum(new > old + TIES[name]))
         out[name] = {"before_mean": float(old.mean()) if len(both) else None,
                      "after_mean": float(new.mean()) if len(both) else None,
                      "before_median": float(np.median(old)) if len(both) else None,
