@@ -128,7 +128,7 @@ def pins_no_pose(result: RegistrationResult, cfg: RegistrationConfig, against: n
     motion (``at_zero_motion`` of ``src`` and ``tgt``: the sensors less than ``inlier_distance``
     apart, their patterns' axes together), where they may be the pattern the
     sensor draws the same way wherever it stands (rings on the road and on guardrails along it,
-    ``Registrar._rest_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
+    ``trust.rest_doubt``; a held-out 16-beam highway drive had such aliases with 731-790 inlier
     matches beside right results with 37-56), or where the geometry hardly constrains a direction
     (weakest constraint below ``min_constraint``): matches of structure extended along it support
     every position along it alike (a held-out OS1-64 highway pair: 101 beside a right result's 31).

@@ -15,7 +15,7 @@ slides); how hypotheses are ordered and judged against each other (decisive, riv
 places) lives in :mod:`s2h_ros.hypotheses`, and each stage's work in its own module: the checked
 and prepared clouds (:mod:`s2h_ros.cloud`: input checks, local frames), the matches and RANSAC
 (:mod:`s2h_ros.correspondences`), ICP and the fine stage (:mod:`s2h_ros.refinement`), what a
-result is judged by (:mod:`s2h_ros.verification`) and the result itself
+result is judged by (:mod:`s2h_ros.verification`), whether it is trusted (:mod:`s2h_ros.trust`) and the result itself
 (:mod:`s2h_ros.registration_result`).
 """
 from __future__ import annotations
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
-from s2h_ros import geometry, hypotheses
+from s2h_ros import geometry, hypotheses, trust
 from s2h_ros.cloud import CheckedCloud, PreparedCloud, RegistrationError, check_cloud
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.correspondences import fpfh_features, match_features, ransac_on_correspondences
-from s2h_ros.degeneracy import MIN_SLIDE_STRUCTURES, Degeneracy, SlideEvidence
+from s2h_ros.degeneracy import MIN_SLIDE_STRUCTURES
 from s2h_ros.gravity import ground_up, levelling_rotation
 from s2h_ros.hypotheses import (AGREE_ROTATION_DEG, Hypothesis, agree, agreed_move, at_zero_motion, better, decisive,
                                 heading_order, tilt_deg, without_rival)
@@ -42,10 +42,8 @@ from s2h_ros.refinement import fine_registration, icp_on_device, refine_icp
 from s2h_ros.registration_result import Refinement, RegistrationResult
 from s2h_ros.repetition import Repetition
 from s2h_ros.sparse.kernel_map import keys_fit
-from s2h_ros.verification import (alignment_covariance, alignment_degeneracy, fraction_text, free_space_refusal,
-                                  levelled_transform, mutual_fitness, nearest_voxels, point_to_plane_rows,
-                                  result_repetition, screen_inlier_estimate, seen_through_of, slide_of, slide_refusal,
-                                  structure_fitness, surface_fit, verify)
+from s2h_ros.verification import (levelled_transform, result_repetition, screen_inlier_estimate, slide_of,
+                                  surface_fit)
 
 
 # A heading heard only because every heading is heard (``hear_every_heading``) is left out when
@@ -65,15 +63,6 @@ SLIDE_MOVES = 3
 RESTART_MAX_RINGS = 48.0
 RESTART_GAIN = 0.01
 RESTART_POINTS = 2000  # source voxels the restarts refine and score (a fixed-seed subset)
-
-
-def low_fitness(fitness: float, cfg: RegistrationConfig, overlap: float | None = None) -> bool:
-    """Whether a result's ``fitness`` lies below ``min_fitness`` with its ``overlap`` (the fitness
-    itself, or ``mutual_fitness``) at or above ``low_fitness_floor``: the band where the off-ground
-    structure decides (``low_fitness_structure``; ``RegistrationConfig``)."""
-    overlap = fitness if overlap is None else overlap
-    band_open = 0 < cfg.low_fitness_floor < cfg.min_fitness
-    return band_open and overlap >= cfg.low_fitness_floor and fitness < cfg.min_fitness
 
 
 class _Timer:
@@ -365,7 +354,7 @@ class Registrar:
         first = self._subset_hypothesis(src, tgt, self._features_at(src, headings[0], timer, turned), support, init,
                                         timer, picked, headings[0])
         unsettled = [first] if first.learned else []  # learned estimates RANSAC may re-estimate, in order tried
-        structure = support is None  # a global search's results must pass _rest_doubt and _structure_doubt too
+        structure = support is None  # a global search's results must pass trust.rest_doubt and trust.structure_doubt too
         result = self._finished(src, tgt, first, timer, structure=structure)
         verified = [result]  # every hypothesis refined and verified, for the rival test
         result = self._heading_round(src, tgt, headings[1:], init, timer, turned, picked, result, verified, unsettled,
@@ -464,7 +453,7 @@ class Registrar:
     def _finished(self, src: PreparedCloud, tgt: PreparedCloud, hyp: Hypothesis, timer: _Timer,
                   structure: bool = False) -> RegistrationResult:
         """A hypothesis refined (ICP) and verified: the result ``register`` would return for it
-        (``structure``: a global search's, which must also pass ``_rest_doubt`` and ``_structure_doubt``)."""
+        (``structure``: a global search's, which must also pass ``trust.rest_doubt`` and ``trust.structure_doubt``)."""
         T = hyp.T
         if self.config.refine == "icp" and not hyp.message:
             with timer.stage("refine"):
@@ -766,233 +755,40 @@ class Registrar:
                          weights: np.ndarray, timer: _Timer, message: str = "",
                          require_inliers: bool = True, structure: bool = False,
                          slid: bool = False) -> RegistrationResult:
-        """The success test of a transform ``T`` between the clouds' local frames, its covariance,
-        and the result in the input frames; ``structure``: a global search's result, which must
-        also pass ``_rest_doubt`` and ``_structure_doubt`` (``register`` asks the repetition test,
-        ``unrepeated``, of its final one).
-        ``slid``: a result moved along its weakest direction to where its structure fits
-        (``_slide_recovered``): that structure, not the matches, pins the direction (matches on rails
-        and road support every position along it alike), so ``min_inliers`` does not apply and the
-        slide test always does. ``min_constraint`` still does: below it even the truth is not
-        trusted (without it, two held-out tunnel pairs were trusted 11-14 m off, one turned around,
-        their structure peaking 0.45 m from where they had landed)."""
-        cfg = self.config
+        """The result for a transform ``T`` between the clouds' local frames, in the input frames,
+        judged by :func:`s2h_ros.trust.judge` (its ``verify`` stage; the arguments are its). A global
+        search's final result is asked the repetition test after (``unrepeated``)."""
         with timer.stage("verify"):
-            nearest = nearest_voxels(src.xyz, T, tgt.spatial_index(), cfg.inlier_distance)
-            n_inl, inl_mask, fitness, fitness_fine = verify(src.xyz, tgt.xyz, pairs, T, cfg.inlier_distance,
-                                                            nearest=nearest)
-            # Left perturbations in the target's local frame -> its input frame: Ad of Tr(origin).
-            Ad = geometry.adjoint(geometry.shift_transform(np.eye(4), np.zeros(3), tgt.origin))
-            rows = point_to_plane_rows(src.xyz, tgt, T, cfg, nearest)
-            covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
-            degeneracy = alignment_degeneracy(tgt, cfg, rows)  # directions: the same in the input frame
-        inlier_ratio = n_inl / max(len(pairs), 1)
-        success, structure_fit = False, None
-        if not message:
-            backed = structure and cfg.max_free_space > 0  # the free-space test judges it after
-            message, structure_fit = self._support_doubt(src, tgt, T, n_inl, fitness, require_inliers and not slid,
-                                                         timer, degeneracy, free_space_backed=backed)
-            success = not message
-        if success and degeneracy.eigenvalue < cfg.min_constraint:
-            success = False
-            message = (f"degenerate: the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
-                       f"{degeneracy.eigenvalue:.4f}, need {cfg.min_constraint:g}: tunnel, corridor or open field?)")
-        slide = None
-        if success and (degeneracy.eigenvalue < cfg.weak_constraint or slid):
-            with timer.stage("verify"):
-                slide = slide_of(src, tgt, T, degeneracy, cfg)
-            message = slide_refusal(slide, degeneracy, cfg)
-            success = not message
-        transform = geometry.shift_transform(T, src.origin, tgt.origin)  # input frames
-        rest = False
-        if success and structure:
-            message = self._rest_doubt(src, tgt, transform, slide, degeneracy)
-            rest, success = bool(message), not message
-        if success and structure:
-            message, structure_fit = self._structure_doubt(src, tgt, T, transform, fitness, timer, slide,
-                                                           degeneracy, structure_fit)
-            success = not message
-        seen_through = None
-        if success and structure and cfg.max_free_space > 0:
-            with timer.stage("verify"):
-                seen_through = seen_through_of(src, tgt, T, cfg)
-            message = free_space_refusal(seen_through, cfg)
-            success = not message
+            verdict = trust.judge(src, tgt, T, pairs, self.config, message=message, require_inliers=require_inliers,
+                                  structure=structure, slid=slid)
         return RegistrationResult(
-            transform=transform,
-            success=bool(success),
-            message=message,
+            transform=verdict.transform,
+            success=verdict.success,
+            message=verdict.message,
             correspondences=pairs,
             weights=weights.astype(np.float32),
             source_xyz=src.input_frame_xyz(),
             target_xyz=tgt.input_frame_xyz(),
-            num_inliers=int(n_inl),
-            inlier_ratio=float(inlier_ratio),
-            fitness=float(fitness),
-            fitness_fine=float(fitness_fine),
+            num_inliers=verdict.num_inliers,
+            inlier_ratio=float(verdict.num_inliers / max(len(pairs), 1)),
+            fitness=verdict.fitness,
+            fitness_fine=verdict.fitness_fine,
             feature_kind=src.feature_kind,
             features_used=self.features_used() if src.feature_kind == "fcgf" else src.feature_kind,
             levelled_deg=(src.levelled_deg, tgt.levelled_deg),
-            inlier_mask=inl_mask,
+            inlier_mask=verdict.inlier_mask,
             timings=timer.ms,
             dropped_points={
                 "source_non_finite": src.num_non_finite, "source_out_of_range": src.num_out_of_range,
                 "target_non_finite": tgt.num_non_finite, "target_out_of_range": tgt.num_out_of_range,
             },
-            covariance=covariance,
-            degeneracy=degeneracy,
-            slide=slide,
-            structure_fit=structure_fit,
-            rest_unconfirmed=rest,
-            free_space=seen_through,
+            covariance=verdict.covariance,
+            degeneracy=verdict.degeneracy,
+            slide=verdict.slide,
+            structure_fit=verdict.structure_fit,
+            rest_unconfirmed=verdict.rest_unconfirmed,
+            free_space=verdict.free_space,
         )
-
-    def _support_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: int, fitness: float,
-                       require_inliers: bool, timer: _Timer, degeneracy: Degeneracy,
-                       free_space_backed: bool = False) -> tuple[str, float | None]:
-        """How much of the scan supports ``T`` (local frames): ``min_inliers`` inlier matches (when
-        ``require_inliers``) and ``min_fitness``, or, for a fitness in the band of ``low_fitness``,
-        ``low_fitness_structure`` of the voxels off the ground (``structure_fitness``). The refusal
-        message ("" when supported) and the source's off-ground fitness where it was measured.
-
-        A sparse sensor's rings meet the ground at other places from each pose, so its right
-        results fit 0.3-0.5; the ground also fits almost any level pose, lifting wrong results to
-        the same band. Off the ground neither happens (development worlds: right 0.38-0.85, wrong
-        0.14-0.37 in that band; docs/reliability.md).
-
-        ``free_space_backed``: a global search's result, which the free-space test judges after
-        this one. Two more ways in, both with that test behind them:
-
-        - Below ``min_fitness``, both ways are asked (``mutual_fitness``, and the target's structure
-          against the source). The fitness counts the source's voxels near the target's, so it is
-          capped by how densely the target sampled the scene and how much of the source's view the
-          target saw: a dense sensor against a sparse one (OS1-128 against VLP-16) or a narrow view
-          against a wide one (a Livox's 70 deg cone) fits one way only at the truth (development
-          matrix, base seed 1128, OS1-128 against VLP-16: 0.27-0.51 forward, 0.52-0.86 back; off
-          the ground 0.30-0.57 and 0.55-0.90). The way back has its own risk: a dense source
-          covers so much space that a sparse target's structure fits it by chance up to about 0.45
-          (another world's scan, development), and the free-space test refuses those (0.38).
-        - Below ``min_inliers``, down to ``few_inliers_floor`` (``_few_inliers_suffice``), with
-          ``min_structure_fitness`` off the ground: a sparse source's features match a dense
-          target's few times (matrix base seed 1130, studied since: VLP-16 against OS1-128, 11-27
-          inlier matches at fitness 0.76-0.81, right); the wrong results there with 3-28 matches
-          and fitness 0.5 or more were slides along highways and a parking lot, below
-          ``min_constraint``."""
-        cfg = self.config
-        enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
-        if enough_inliers and fitness >= cfg.min_fitness:
-            return "", None
-        if not enough_inliers and free_space_backed and self._few_inliers_suffice(n_inl, fitness, degeneracy):
-            with timer.stage("verify"):
-                structure_fit = structure_fitness(src, tgt, T, cfg)
-            if structure_fit is not None and structure_fit >= cfg.min_structure_fitness:
-                return "", structure_fit
-            return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}, or "
-                    f"{cfg.few_inliers_floor} with {cfg.min_structure_fitness:.2f} of the voxels off the ground "
-                    f"fitting: {fraction_text(structure_fit)})"), structure_fit
-        structure_fit = structure_back = overlap = None
-        if enough_inliers:
-            with timer.stage("verify"):
-                overlap = mutual_fitness(src, tgt, T, cfg, fitness) if free_space_backed else fitness
-                if low_fitness(fitness, cfg, overlap):
-                    structure_fit = structure_fitness(src, tgt, T, cfg)
-                    if free_space_backed and (structure_fit is None or structure_fit < cfg.low_fitness_structure):
-                        structure_back = structure_fitness(tgt, src, np.linalg.inv(T), cfg)
-            if max(structure_fit or 0.0, structure_back or 0.0) >= cfg.low_fitness_structure:
-                return "", structure_fit
-        either, off = "", ""
-        if free_space_backed and overlap is not None:
-            either = f", {overlap:.2f} the better way"
-            if structure_fit is not None or structure_back is not None:
-                off = (f"; off the ground {fraction_text(structure_fit)} of the source's voxels and {fraction_text(structure_back)} "
-                       f"of the target's fit (need {cfg.low_fitness_structure:.2f} either way below fitness "
-                       f"{cfg.min_fitness:.2f})")
-        elif structure_fit is not None:
-            off = (f", {structure_fit:.2f} off the ground (need {cfg.low_fitness_structure:.2f} below fitness "
-                   f"{cfg.min_fitness:.2f})")
-        return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
-                f"fitness {fitness:.2f}{either} (need {cfg.min_fitness:.2f}){off}"), structure_fit
-
-    def _few_inliers_suffice(self, n_inl: int, fitness: float, degeneracy: Degeneracy) -> bool:
-        """Whether a result with fewer than ``min_inliers`` inlier matches may stand on its
-        structure instead (``_support_doubt``): at least ``few_inliers_floor`` of them, fitness
-        ``min_fitness``, weakest constraint at least ``weak_constraint``."""
-        cfg = self.config
-        return (0 < cfg.few_inliers_floor <= n_inl < cfg.min_inliers and fitness >= cfg.min_fitness
-                and degeneracy.eigenvalue >= cfg.weak_constraint)
-
-    def _rest_doubt(self, src: PreparedCloud, tgt: PreparedCloud, transform: np.ndarray,
-                    slide: SlideEvidence | None, degeneracy: Degeneracy) -> str:
-        """A global search's result (no motion prior behind it; ``transform`` between the input
-        frames) at zero motion (``at_zero_motion``) in the grey zone of the constraint measure
-        (``slide`` asked: weakest constraint below ``weak_constraint``) is not trusted: the refusal
-        message, "" where the rule does not apply. The result says so (``rest_unconfirmed``), and
-        the odometry keeps its keyframe through such scans (s2h_ros.odometry).
-
-        The ground is not the only pattern a sensor draws the same way wherever it stands: rings
-        on a guardrail, a noise barrier or a tunnel wall along the road lie on their twins at zero
-        motion too, and fit off the ground whatever the truth (held-out VLP-16 highway pair 19.5 m
-        apart: trusted at zero motion with 0.87 of the off-ground voxels fitting, 0.32 of the
-        poles and sign posts). Nor are the rings the only such pattern: a wall seen at a grazing
-        angle is drawn as columns, one per azimuth step of the sensor, 1.5-6 m apart along the
-        wall 50-100 m away, and each looks like a pole. In a tunnel they are most of what is not
-        extended along its axis, and they lie on their twins at zero motion: held-out HDL-64 tunnel
-        (world 785), scans 11.4 m apart, trusted at zero motion with 0.93 of the slide test's
-        structure fitting, as a sensor at rest fits its poles (0.90-0.96 on development worlds),
-        every fit the verification has favouring it (docs/reliability.md). So in the grey zone,
-        where the scene gives little else, a global search cannot tell rest from a slide; rest is
-        confirmed by the motion prior instead (tracking is not asked this)."""
-        cfg = self.config
-        if slide is None or not at_zero_motion(transform, cfg, src, tgt):
-            return ""
-        moved = float(np.linalg.norm(transform[:3, 3]))
-        return (f"not trusted: zero motion ({moved:.2f} m) where the geometry hardly constrains "
-                f"{degeneracy.describe()} (weakest constraint {degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}): "
-                "there the sensor's own pattern (rings on the ground, rails and walls; a wall seen at a grazing "
-                "angle drawn as columns) lies on its twin whatever the motion, and a global search cannot tell "
-                "rest from a slide")
-
-    def _structure_doubt(self, src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray,
-                         fitness: float, timer: _Timer, slide: SlideEvidence | None = None,
-                         degeneracy: Degeneracy | None = None,
-                         structure_fit: float | None = None) -> tuple[str, float | None]:
-        """A global search's result (no motion prior behind it; ``T`` between the local frames,
-        ``transform`` between the input frames) must fit off the ground too (``structure_fitness``,
-        ``min_structure_fitness``) where the fitness and the constraint measure cannot tell it
-        from the truth: at zero motion (``at_zero_motion``: the ground's sensor pattern aligns
-        there whatever the scene), and in the grey zone of the constraint measure (``slide``
-        asked: weakest constraint below ``weak_constraint``; at zero motion there ``_rest_doubt``
-        has refused it already). Returns the refusal message ("" when it fits or neither applies)
-        and the off-ground fitness (``structure_fit`` when already measured, else measured here
-        when asked).
-
-        Away from zero motion, a result in the grey zone lays a wide, flat ground on the target's
-        and the rows of a parking lot or a street's facades on rows and facades running the same
-        way, so the ground carries its fitness past ``min_fitness`` while the scene off the ground
-        does not fit (held-out Livox parking-lot pair with nothing in common at the truth: trusted
-        93 deg / 7.8 m off, fitness 0.59, 0.33 off the ground). On development worlds (matrix
-        base seed 1128, 4 sensors x town, suburban, parking lot, highway), right results in the
-        grey zone fitted 0.68-0.93 off the ground, the wrong ones outside highways 0.11-0.47."""
-        cfg = self.config
-        zero, grey = at_zero_motion(transform, cfg, src, tgt), slide is not None
-        moved = float(np.linalg.norm(transform[:3, 3]))
-        if cfg.min_structure_fitness <= 0 or not (zero or grey):
-            return "", structure_fit
-        if structure_fit is None:
-            with timer.stage("verify"):
-                structure_fit = structure_fitness(src, tgt, T, cfg)
-        if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
-            if zero:
-                return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
-                        f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
-                        "sensor pattern, not the scene, aligns"), structure_fit
-            weakest = "" if degeneracy is None else (
-                f"the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
-                f"{degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}) and ")
-            return (f"not trusted: {weakest}only {structure_fit:.2f} of the voxels off the ground fit (need "
-                    f"{cfg.min_structure_fitness:.2f}), with fitness {fitness:.2f}: the ground and structure "
-                    "running the same way, not the scene, align"), structure_fit
-        return "", structure_fit
 
     def repetition_of(self, src: PreparedCloud, tgt: PreparedCloud, result: RegistrationResult,
                       timer: _Timer | None = None) -> Repetition | None:

@@ -88,7 +88,7 @@ class RegistrationResult:
     # it) or a global search's result at zero motion or below weak_constraint; None elsewhere.
     structure_fit: float | None = None
     # A global search's result refused because it lies at zero motion where the geometry leaves a
-    # direction nearly free (``Registrar._rest_doubt``): rest, or the sensor's own pattern lying on
+    # direction nearly free (``trust.rest_doubt``): rest, or the sensor's own pattern lying on
     # its twin; only a motion prior tells them apart. The odometry keeps its keyframe through such
     # scans, so that the motion since it grows until a search can see it.
     rest_unconfirmed: bool = False

@@ -1,7 +1,7 @@
 """What a registration result is judged by (no ROS): its inlier matches and fitness, the
 structure off the ground it aligns, the free space of the target's view, its sideways-shifted
 copies, the point-to-plane terms at it (weakest direction, covariance) and the slide evidence
-along that direction. ``Registrar`` (s2h_ros.pipeline) decides ``success`` from these.
+along that direction. :mod:`s2h_ros.trust` decides ``success`` from these.
 
 Every function works on the clouds' local frames (``PreparedCloud.xyz``, relative to ``origin``).
 """
@@ -81,7 +81,7 @@ def mutual_fitness(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, cfg: R
                    fitness: float) -> float:
     """The larger of ``fitness`` (the source's voxels within ``inlier_distance`` of the target's
     after ``T``, local frames) and the same of the target's voxels against the source moved by
-    ``T``: the overlap seen from the cloud that the other covers better (``Registrar._support_doubt``)."""
+    ``T``: the overlap seen from the cloud that the other covers better (``trust.support_doubt``)."""
     back = nearest_voxels(tgt.xyz, np.linalg.inv(T), src.spatial_index(), cfg.inlier_distance)
     return max(fitness, float(np.mean(back.distance < cfg.inlier_distance)))
 
@@ -99,7 +99,7 @@ def structure_fitness(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, cfg
     rosette of a Livox), the same in every scan, so a wrong result at zero motion aligns it and can
     reach ``min_fitness`` on the ground alone (held-out Livox pair 15.6 m apart: fitness 0.51,
     off the ground 0.38). So it is asked where the fitness cannot tell: at zero motion, below
-    ``weak_constraint`` (``Registrar._structure_doubt``) and below ``min_fitness``
+    ``weak_constraint`` (``trust.structure_doubt``) and below ``min_fitness``
     (``low_fitness_floor``); off the ground, right results of moving sensors ranged 0.43-0.75 (one
     HDL-64 pair 0.43 at fitness 0.51: a threshold on every result would have refused it), a scan
     against itself 1.0."""

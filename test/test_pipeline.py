@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from s2h_ros import geometry, hypotheses, pipeline, verification
+from s2h_ros import geometry, hypotheses, verification
 from s2h_ros.cloud import RegistrationError
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.datasets.threedmatch import threedmatch_demo_pair
@@ -560,14 +560,6 @@ def test_a_parking_lot_pair_turned_by_a_quarter_is_not_trusted_beside_the_right_
         assert reg.register(src, tgt).success  # without the rival test: trusted, 23 m off
 
 
-def test_the_structure_off_the_ground_is_asked_only_between_the_floor_and_min_fitness():
-    cfg = RegistrationConfig()
-    assert pipeline.low_fitness(cfg.low_fitness_floor, cfg) and pipeline.low_fitness(cfg.min_fitness - 0.01, cfg)
-    assert not pipeline.low_fitness(cfg.low_fitness_floor - 0.01, cfg) and not pipeline.low_fitness(cfg.min_fitness, cfg)
-    assert not pipeline.low_fitness(0.4, cfg.replace(low_fitness_floor=0.0))  # off
-    assert not pipeline.low_fitness(0.55, cfg.replace(low_fitness_floor=0.6))  # a floor above min_fitness: off
-
-
 def _registered_right(world: int, count: int, index: int, **draw):
     """Pair ``index`` of ``count`` drawn from ``world`` (``synthetic_pairs`` keywords in ``draw``),
     turned to any heading, registered with the defaults: asserts it trusted within 1 deg / 10 cm
@@ -630,23 +622,6 @@ def test_a_sparse_scan_against_a_dense_one_is_trusted_on_few_matches_when_its_st
     assert result.free_space.through <= cfg.max_free_space
     refused = Registrar(cfg.replace(few_inliers_floor=0)).register(src, tgt)
     assert not refused.success and f"(need {cfg.min_inliers})" in refused.message, refused.message
-
-
-def test_few_matches_suffice_only_above_the_floor_at_min_fitness_clear_of_the_grey_zone():
-    from s2h_ros.degeneracy import Degeneracy
-
-    cfg = RegistrationConfig()
-    reg = Registrar(cfg)
-
-    def weakest(eigenvalue):
-        return Degeneracy(eigenvalue, np.eye(6)[0], np.full(3, eigenvalue), 1000)
-
-    clear = weakest(cfg.weak_constraint)
-    assert reg._few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness, clear)
-    assert not reg._few_inliers_suffice(cfg.few_inliers_floor - 1, cfg.min_fitness, clear)
-    assert not reg._few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness - 0.01, clear)
-    assert not reg._few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness, weakest(cfg.weak_constraint * 0.9))
-    assert not Registrar(cfg.replace(few_inliers_floor=0))._few_inliers_suffice(20, 0.8, clear)  # off
 
 
 def test_a_scan_of_another_world_fitting_below_min_fitness_is_not_trusted_off_the_ground():

@@ -1,0 +1,92 @@
+"""The success test (s2h_ros.trust): the low-fitness band, few matches carried by structure, the
+verdict on a real scan pair at its registered pose and moved off it, and the zero-motion rule of a
+global search."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from s2h_ros import geometry, trust
+from s2h_ros.config import RegistrationConfig
+from s2h_ros.degeneracy import Degeneracy
+from s2h_ros.pipeline import Registrar
+
+RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
+
+
+def weakest(eigenvalue: float) -> Degeneracy:
+    """A constraint measure whose weakest direction is x, at ``eigenvalue``."""
+    return Degeneracy(eigenvalue, np.eye(6)[0], np.full(3, eigenvalue), 1000)
+
+
+@pytest.fixture(scope="module")
+def real_pair():
+    """RAW KITTI 00 frames 1 -> 0 (real HDL-64E, 0.68 m apart) prepared and registered with the
+    defaults: the registrar, the clouds and the result between their local frames."""
+    scans = [np.fromfile(RAW / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0)]
+    reg = Registrar(RegistrationConfig())
+    src, tgt = (reg.prepare(s) for s in scans)
+    result = reg.register(src, tgt)
+    assert result.success, result.message
+    return reg, src, tgt, result, geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+
+
+def test_the_structure_off_the_ground_is_asked_only_between_the_floor_and_min_fitness():
+    cfg = RegistrationConfig()
+    assert trust.low_fitness(cfg.low_fitness_floor, cfg) and trust.low_fitness(cfg.min_fitness - 0.01, cfg)
+    assert not trust.low_fitness(cfg.low_fitness_floor - 0.01, cfg) and not trust.low_fitness(cfg.min_fitness, cfg)
+    assert not trust.low_fitness(0.4, cfg.replace(low_fitness_floor=0.0))  # off
+    assert not trust.low_fitness(0.55, cfg.replace(low_fitness_floor=0.6))  # a floor above min_fitness: off
+    # the overlap, when measured both ways, opens the band; the fitness still has to lie in it
+    assert trust.low_fitness(cfg.low_fitness_floor - 0.1, cfg, overlap=cfg.min_fitness)
+
+
+def test_few_matches_suffice_only_above_the_floor_at_min_fitness_clear_of_the_grey_zone():
+    cfg = RegistrationConfig()
+    clear = weakest(cfg.weak_constraint)
+    assert trust.few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness, clear, cfg)
+    assert not trust.few_inliers_suffice(cfg.few_inliers_floor - 1, cfg.min_fitness, clear, cfg)
+    assert not trust.few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness - 0.01, clear, cfg)
+    assert not trust.few_inliers_suffice(cfg.few_inliers_floor, cfg.min_fitness, weakest(cfg.weak_constraint * 0.9), cfg)
+    assert not trust.few_inliers_suffice(cfg.min_inliers, cfg.min_fitness, clear, cfg)  # enough: not "few"
+    assert not trust.few_inliers_suffice(20, 0.8, clear, cfg.replace(few_inliers_floor=0))  # off
+
+
+def test_the_verdict_at_the_registered_pose_is_the_pipelines_and_trusts_it(real_pair):
+    reg, src, tgt, result, local = real_pair
+    verdict = trust.judge(src, tgt, local, result.correspondences, reg.config, structure=True)
+    assert verdict.success and verdict.message == ""
+    assert verdict.num_inliers == result.num_inliers and verdict.fitness == pytest.approx(result.fitness)
+    np.testing.assert_allclose(verdict.transform, result.transform, atol=1e-9)
+    assert verdict.degeneracy.eigenvalue >= reg.config.weak_constraint and verdict.slide is None
+    assert verdict.free_space is not None and verdict.free_space.through <= reg.config.max_free_space
+    assert verdict.covariance.shape == (6, 6) and np.all(np.linalg.eigvalsh(verdict.covariance) > 0)
+
+
+def test_the_same_scans_moved_across_the_street_are_refused_with_the_reason(real_pair):
+    reg, src, tgt, result, local = real_pair
+    moved = geometry.make_transform(np.eye(3), np.array([0.0, 3.0, 0.0])) @ local
+    verdict = trust.judge(src, tgt, moved, result.correspondences, reg.config, structure=True)
+    assert not verdict.success and verdict.message.startswith("not trusted: ")
+    assert verdict.num_inliers < reg.config.min_inliers and verdict.fitness < result.fitness
+
+
+def test_a_refusal_decided_before_is_kept_and_the_transform_still_measured(real_pair):
+    reg, src, tgt, result, local = real_pair
+    verdict = trust.judge(src, tgt, local, result.correspondences, reg.config, message="ambiguous: a rival")
+    assert not verdict.success and verdict.message == "ambiguous: a rival"
+    assert verdict.num_inliers == result.num_inliers and verdict.fitness >= reg.config.min_fitness
+
+
+def test_a_global_result_at_zero_motion_in_the_grey_zone_is_not_trusted_without_a_prior(real_pair):
+    reg, src, tgt, _, _ = real_pair
+    cfg = reg.config
+    grey = weakest(cfg.weak_constraint / 2)
+    slide = object()  # the slide test was asked: the grey zone (its evidence is not read here)
+    message = trust.rest_doubt(src, tgt, np.eye(4), slide, grey, cfg)
+    assert message.startswith("not trusted: zero motion (0.00 m)") and "cannot tell rest from a slide" in message
+    assert trust.rest_doubt(src, tgt, np.eye(4), None, grey, cfg) == ""  # clear of the grey zone
+    away = geometry.make_transform(np.eye(3), np.array([2 * cfg.inlier_distance, 0.0, 0.0]))
+    assert trust.rest_doubt(src, tgt, away, slide, grey, cfg) == ""  # it moved
