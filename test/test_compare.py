@@ -127,13 +127,16 @@ def test_the_regression_gate_fails_on_a_newly_wrong_trusted_pair_or_lost_recall(
 @pytest.mark.parametrize("lines, argv, message", [
     (['{"method": "s2h", "pair": "p0", "registered": true, "success": true}', "{not json"], [],
      "run.jsonl:2: not JSON"),
-    (['{"method": "s2h", "pair": "p0"}'], [], "run.jsonl:1: not a pair record of s2h eval --jsonl (missing registered, success)"),
+    (['{"method": "s2h", "pair": "p0"}'], [], "run.jsonl:1: not a pair record of s2h eval (missing registered, success)"),
     (["[1, 2]"], [], "run.jsonl:1: not a pair record"),
     ([], [], "holds no records"),
     ([json.dumps(record("p0", True, True)), json.dumps(record("p0", True, True, method="icp"))], [],
      "holds methods icp, s2h: name one with --methods"),
     ([json.dumps(record("p0", True, True))], ["--methods", "icp"], "has no records of method 'icp' (it has s2h)"),
     ([json.dumps(record("p0", True, True))] * 2, [], "records pair p0 (vlp16/town) twice for s2h"),
+    ([json.dumps({"pairs": [record("p0", True, True), {"method": "s2h"}]})], [],
+     "run.jsonl:pairs[1]: not a pair record"),
+    ([json.dumps({"pairs": 3})], [], 'its "pairs" is not a list'),
 ])
 def test_unreadable_or_ambiguous_records_are_one_stderr_line_and_status_2(tmp_path, capsys, lines, argv, message):
     bad = tmp_path / "run.jsonl"
@@ -176,3 +179,7 @@ def test_compare_reads_the_records_that_s2h_eval_streams(tmp_path):
                                                                 summary[method]["wrong_trusted"])
         assert totals["safeguard"] is None  # neither baseline reports DGR's safeguard
     assert "RANSAC safeguard (of it trusted) | - | - |" in proc.stdout
+    # the run's --json file holds the same records: the same comparison
+    from_json = cmp.compare_runs(*(cmp.select_run(cmp.load_records(tmp_path / "run.json"), m, "run")
+                                   for m in ("icp", "fpfh_ransac")))
+    assert from_json["totals"] == report["totals"] and from_json["transitions"] == report["transitions"]

@@ -4,11 +4,11 @@
     s2h compare run.jsonl --methods s2h "s2h:weights=ft.pt"   # two methods of one run
     s2h compare before.jsonl after.jsonl --methods s2h --json cmp.json --markdown cmp.md
 
-The files are ``s2h eval --jsonl`` output. The Markdown goes to stdout (and ``--markdown``), the
-full comparison with every changed pair to ``--json``. Exit status 0; 1 with
-``--fail-on-regression`` when the second run trusts a wrong pair that the first did not or loses
-more right pairs than it gains (a gate for a user's own weights); 2 for unreadable or
-incomparable records, with one stderr line.
+The files are ``s2h eval`` output: its ``--jsonl`` records or its ``--json`` file. The Markdown
+goes to stdout (and ``--markdown``), the full comparison with every changed pair to ``--json``.
+Exit status 0; 1 with ``--fail-on-regression`` when the second run trusts a wrong pair that the
+first did not or loses more right pairs than it gains (a gate for a user's own weights); 2 for
+unreadable or incomparable records, with one stderr line.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ EXIT_BAD_INPUT = 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN.jsonl",
-                        help="one file with both methods, or the before and the after file (s2h eval --jsonl)")
+                        help="one file with both methods, or the before and the after file (s2h eval --jsonl or --json)")
     parser.add_argument("--methods", nargs="+", metavar="METHOD",
                         help="BEFORE [AFTER] method names (one file: both needed; two files: one name "
                              "for both, or one each; default: each file's only method)")

@@ -1,9 +1,9 @@
 """Two evaluation runs of the same pairs, compared pair by pair (``s2h compare``).
 
 An A/B of two weights files, two configurations or two commits is read from the per-pair records
-that ``s2h eval --jsonl`` streams (one JSON object per method and pair). Totals alone hide what
-changed: two more pairs right can be three gained and one lost, and a lower mean error can come
-from one large error falling while most pairs got worse. So the comparison keeps the pairs both
+that ``s2h eval`` writes (``--jsonl``: one JSON object per method and pair; ``--json``: its
+``pairs``). Totals alone hide what changed: two more pairs right can be three gained and one lost,
+and a lower mean error can come from one large error falling while most pairs got worse. So the comparison keeps the pairs both
 runs evaluated, and reports
 
 - each run's totals over those pairs: right (within the cell's recall thresholds, as the run
@@ -53,32 +53,48 @@ class Run:
 
 
 def load_records(path: str | Path) -> list[dict]:
-    """The records of a ``s2h eval --jsonl`` file; a line that is not a JSON object with
-    ``method``, ``pair``, ``registered`` and ``success`` is an error naming the file and line."""
+    """The pair records of an ``s2h eval`` run: its ``--jsonl`` file (one record a line) or its
+    ``--json`` file (the ``pairs`` list). A record that is not a JSON object with ``method``,
+    ``pair``, ``registered`` and ``success`` is an error naming the file and line (or index)."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ComparisonError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise ComparisonError(f"{path} is not text (expected JSON lines from s2h eval --jsonl)") from exc
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ComparisonError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+        raise ComparisonError(f"{path} is not text (expected s2h eval --jsonl or --json output)") from exc
+    whole = _whole_json(text)
+    if isinstance(whole, dict) and "pairs" in whole:
+        if not isinstance(whole["pairs"], list):
+            raise ComparisonError(f"{path}: its \"pairs\" is not a list of records")
+        numbered = [(f"pairs[{i}]", r) for i, r in enumerate(whole["pairs"])]
+    else:
+        numbered = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((str(number), json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ComparisonError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+    for where, record in numbered:
         missing = [k for k in ("method", "pair", "registered", "success") if not isinstance(record, dict)
                    or k not in record]
         if missing:
-            raise ComparisonError(f"{path}:{number}: not a pair record of s2h eval --jsonl "
+            raise ComparisonError(f"{path}:{where}: not a pair record of s2h eval "
                                   f"(missing {', '.join(missing)})")
-        records.append(record)
-    if not records:
+    if not numbered:
         raise ComparisonError(f"{path} holds no records")
-    return records
+    return [record for _, record in numbered]
+
+
+def _whole_json(text: str) -> Any:
+    """``text`` as one JSON document (an ``s2h eval --json`` file), or None when it is not one
+    (JSON lines, or not JSON at all)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def pair_key(record: dict) -> PairKey:
