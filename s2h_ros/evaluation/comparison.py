@@ -139,9 +139,9 @@ def _error(value: Any) -> float:
     return math.inf if value is None else float(value)
 
 
-def mcnemar_p(gained: int, lost: int) -> float | None:
-    """Exact McNemar: two-sided binomial test of ``gained`` against ``lost`` discordant pairs at
-    1/2; None when no pair changed."""
+def split_p(gained: int, lost: int) -> float | None:
+    """Two-sided exact binomial test at 1/2 of ``gained`` against ``lost``: McNemar's test on the
+    pairs whose outcome flipped, the sign test on the errors that moved; None when none did."""
     from scipy.stats import binomtest
 
     n = gained + lost
@@ -166,7 +166,7 @@ def flips(before: list[dict], after: list[dict], holds) -> dict[str, Any]:
     """Pairs where ``holds(record)`` turned true (gained) or false (lost), and McNemar's p."""
     gained = sum(not holds(b) and holds(a) for b, a in zip(before, after))
     lost = sum(holds(b) and not holds(a) for b, a in zip(before, after))
-    return {"gained": gained, "lost": lost, "p_value": mcnemar_p(gained, lost)}
+    return {"gained": gained, "lost": lost, "p_value": split_p(gained, lost)}
 
 
 def paired_errors(before: list[dict], after: list[dict]) -> dict[str, Any]:
@@ -178,12 +178,16 @@ def paired_errors(before: list[dict], after: list[dict]) -> dict[str, Any]:
         old = np.array([_error(b[name]) for b, _ in both])
         new = np.array([_error(a[name]) for _, a in both])
         down, up = int(np.sum(new < old - TIES[name])), int(np.sum(new > old + TIES[name]))
-        out[name] = {"before_mean": float(old.mean()) if len(both) else None,
-                     "after_mean": float(new.mean()) if len(both) else None,
-                     "before_median": float(np.median(old)) if len(both) else None,
-                     "after_median": float(np.median(new)) if len(both) else None,
-                     "lower": down, "higher": up, "sign_test_p": mcnemar_p(down, up)}
+        out[name] = {**_centres("before", old), **_centres("after", new),
+                     "lower": down, "higher": up, "sign_test_p": split_p(down, up)}
     return out
+
+
+def _centres(side: str, errors: np.ndarray) -> dict[str, float | None]:
+    """``{side}_mean`` and ``{side}_median`` of ``errors`` (None for no pairs)."""
+    empty = len(errors) == 0
+    return {f"{side}_mean": None if empty else float(errors.mean()),
+            f"{side}_median": None if empty else float(np.median(errors))}
 
 
 def _pair_view(record: dict) -> dict[str, Any]:
