@@ -5,8 +5,9 @@ ground, the point-to-plane terms along its weakest direction, the slide evidence
 of the target's view); this module decides from those measures, in order, and says why it refused:
 
 1. support (:func:`support_doubt`): enough inlier matches and fitness, or in the low-fitness band
-   enough structure off the ground (:func:`low_fitness`), or few matches that the structure
-   carries (:func:`few_inliers_suffice`);
+   enough structure off the ground (:func:`low_fitness`) or, for a global search's result, many
+   matches and a stricter free-space test (:func:`matches_suffice`), or few matches that the
+   structure carries (:func:`few_inliers_suffice`);
 2. constraint: below ``min_constraint`` even the truth is not trusted;
 3. slides: in the grey zone (below ``weak_constraint``) the slide test along the weakest direction;
 4. a global search's result (``structure``) also: no rest without a prior (:func:`rest_doubt`),
@@ -23,6 +24,7 @@ unless it says ``transform`` (between the input frames).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -73,13 +75,35 @@ def few_inliers_suffice(n_inl: int, fitness: float, degeneracy: Degeneracy, cfg:
             and degeneracy.eigenvalue >= cfg.weak_constraint)
 
 
+def matches_suffice(n_inl: int, fitness: float, overlap: float, cfg: RegistrationConfig) -> bool:
+    """Whether a global search's result in the low-fitness band (:func:`low_fitness` of its
+    ``fitness`` and ``overlap``) whose structure off the ground does not fit may stand on its
+    matches instead (:func:`support_doubt`): at least ``low_fitness_inliers`` inlier matches, with
+    the free-space test at ``low_fitness_free_space`` behind it.
+
+    A view that overlaps its target by a third fits about a third at the truth, and its structure
+    off the ground no more: indoors, walls, furniture and racks are most of the scene, so the
+    structure test that rescues a sparse lidar's rings (:func:`low_fitness`) cannot tell little
+    overlap from a wrong pose. What tells them apart is where a wrong pose puts the scene: where
+    the target's sensor saw through it (docs/reliability.md, 'Matches and free space for pairs
+    that overlap little')."""
+    return 0 < cfg.low_fitness_inliers <= n_inl and low_fitness(fitness, cfg, overlap)
+
+
+class Support(NamedTuple):
+    """What :func:`support_doubt` decided."""
+
+    message: str  # the refusal ("" when supported)
+    structure_fit: float | None  # the source's fitness off the ground, where it was measured
+    on_matches: bool = False  # by :func:`matches_suffice`: the free-space test at low_fitness_free_space decides
+
+
 def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: int, fitness: float,
                   cfg: RegistrationConfig, require_inliers: bool, degeneracy: Degeneracy,
-                  free_space_backed: bool = False) -> tuple[str, float | None]:
+                  free_space_backed: bool = False) -> Support:
     """How much of the scan supports ``T``: ``min_inliers`` inlier matches (when
     ``require_inliers``) and ``min_fitness``, or, for a fitness in the band of :func:`low_fitness`,
-    ``low_fitness_structure`` of the voxels off the ground (``structure_fitness``). The refusal
-    message ("" when supported) and the source's off-ground fitness where it was measured.
+    ``low_fitness_structure`` of the voxels off the ground (``structure_fitness``).
 
     A sparse sensor's rings meet the ground at other places from each pose, so its right
     results fit 0.3-0.5; the ground also fits almost any level pose, lifting wrong results to
@@ -103,17 +127,24 @@ def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: 
       target's few times (matrix base seed 1130, studied since: VLP-16 against OS1-128, 11-27
       inlier matches at fitness 0.76-0.81, right); the wrong results there with 3-28 matches
       and fitness 0.5 or more were slides along highways and a parking lot, below
-      ``min_constraint``."""
+      ``min_constraint``.
+    - In the low-fitness band with ``low_fitness_inliers`` inlier matches or more
+      (:func:`matches_suffice`) where the structure does not fit, with the free-space test
+      stricter (``low_fitness_free_space``): pairs that overlap little.
+
+    Returns the refusal ("" when supported), the off-ground fitness where it was measured, and
+    whether the matches alone carried it (the free-space test then decides at
+    ``low_fitness_free_space``)."""
     enough_inliers = n_inl >= cfg.min_inliers or not require_inliers
     if enough_inliers and fitness >= cfg.min_fitness:
-        return "", None
+        return Support("", None)
     if not enough_inliers and free_space_backed and few_inliers_suffice(n_inl, fitness, degeneracy, cfg):
         structure_fit = structure_fitness(src, tgt, T, cfg)
         if structure_fit is not None and structure_fit >= cfg.min_structure_fitness:
-            return "", structure_fit
-        return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}, or "
-                f"{cfg.few_inliers_floor} with {cfg.min_structure_fitness:.2f} of the voxels off the ground "
-                f"fitting: {fraction_text(structure_fit)})"), structure_fit
+            return Support("", structure_fit)
+        return Support(f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}, or "
+                       f"{cfg.few_inliers_floor} with {cfg.min_structure_fitness:.2f} of the voxels off the ground "
+                       f"fitting: {fraction_text(structure_fit)})", structure_fit)
     structure_fit = structure_back = overlap = None
     if enough_inliers:
         overlap = mutual_fitness(src, tgt, T, cfg, fitness) if free_space_backed else fitness
@@ -122,7 +153,9 @@ def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: 
             if free_space_backed and (structure_fit is None or structure_fit < cfg.low_fitness_structure):
                 structure_back = structure_fitness(tgt, src, np.linalg.inv(T), cfg)
         if max(structure_fit or 0.0, structure_back or 0.0) >= cfg.low_fitness_structure:
-            return "", structure_fit
+            return Support("", structure_fit)
+        if free_space_backed and matches_suffice(n_inl, fitness, overlap, cfg):
+            return Support("", structure_fit, on_matches=True)
     either, off = "", ""
     if free_space_backed and overlap is not None:
         either = f", {overlap:.2f} the better way"
@@ -133,8 +166,8 @@ def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: 
     elif structure_fit is not None:
         off = (f", {structure_fit:.2f} off the ground (need {cfg.low_fitness_structure:.2f} below fitness "
                f"{cfg.min_fitness:.2f})")
-    return (f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
-            f"fitness {fitness:.2f}{either} (need {cfg.min_fitness:.2f}){off}"), structure_fit
+    return Support(f"not trusted: {n_inl} inlier correspondences (need {cfg.min_inliers}), "
+                   f"fitness {fitness:.2f}{either} (need {cfg.min_fitness:.2f}){off}", structure_fit)
 
 
 def rest_doubt(src: PreparedCloud, tgt: PreparedCloud, transform: np.ndarray, slide: SlideEvidence | None,
@@ -229,11 +262,12 @@ def judge(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarr
     rows = point_to_plane_rows(src.xyz, tgt, T, cfg, nearest)
     covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
     degeneracy = alignment_degeneracy(tgt, cfg, rows)  # directions: the same in the input frame
-    success, structure_fit = False, None
+    success, structure_fit, on_matches = False, None, False
     if not message:
         backed = structure and cfg.max_free_space > 0  # the free-space test judges it after
-        message, structure_fit = support_doubt(src, tgt, T, n_inl, fitness, cfg, require_inliers and not slid,
-                                               degeneracy, free_space_backed=backed)
+        message, structure_fit, on_matches = support_doubt(src, tgt, T, n_inl, fitness, cfg,
+                                                           require_inliers and not slid, degeneracy,
+                                                           free_space_backed=backed)
         success = not message
     if success and degeneracy.eigenvalue < cfg.min_constraint:
         success = False
@@ -256,7 +290,8 @@ def judge(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarr
     seen_through = None
     if success and structure and cfg.max_free_space > 0:
         seen_through = seen_through_of(src, tgt, T, cfg)
-        message = free_space_refusal(seen_through, cfg)
+        limit = min(cfg.max_free_space, cfg.low_fitness_free_space) if on_matches else cfg.max_free_space
+        message = free_space_refusal(seen_through, cfg, limit, must_see=on_matches)
         success = not message
     return Verdict(transform=transform, success=bool(success), message=message, num_inliers=int(n_inl),
                    inlier_mask=inl_mask, fitness=float(fitness), fitness_fine=float(fitness_fine),

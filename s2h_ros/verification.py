@@ -118,13 +118,20 @@ def seen_through_of(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, cfg: 
     return free_space(moved + tgt.origin, tgt.range_image(), cfg.inlier_distance)  # the target's input frame
 
 
-def free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig) -> str:
-    """The refusal message of a result that lays more than ``max_free_space`` of its seen structure
-    where the target's sensor saw through ("" when it does not)."""
-    if seen.seen < MIN_STRUCTURE_VOXELS or seen.through <= cfg.max_free_space:
+def free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig, limit: float | None = None,
+                       must_see: bool = False) -> str:
+    """The refusal message of a result that lays more than ``limit`` (``max_free_space`` unless
+    given) of its seen structure where the target's sensor saw through ("" when it does not).
+    Fewer than ``MIN_STRUCTURE_VOXELS`` seen say nothing: passed, unless ``must_see`` (the test is
+    what supports the result, ``trust.matches_suffice``)."""
+    limit = cfg.max_free_space if limit is None else limit
+    if seen.seen < MIN_STRUCTURE_VOXELS and must_see:
+        return (f"not trusted: only {seen.seen} voxels off the ground lie in the target sensor's view (need "
+                f"{MIN_STRUCTURE_VOXELS} for the free-space test to carry a result below min_fitness)")
+    if seen.seen < MIN_STRUCTURE_VOXELS or seen.through <= limit:
         return ""
     return (f"not trusted: {seen.through:.2f} of the {seen.seen} voxels off the ground that it lays in the target "
-            f"sensor's view lie where that sensor saw through them (need at most {cfg.max_free_space:.2f}): "
+            f"sensor's view lie where that sensor saw through them (need at most {limit:.2f}): "
             "the scene does not fit")
 
 

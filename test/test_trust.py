@@ -1,4 +1,5 @@
-"""The success test (s2h_ros.trust): the low-fitness band, few matches carried by structure, the
+"""The success test (s2h_ros.trust): the low-fitness band, few matches carried by structure, many
+matches carried by free space (views that overlap little: the real pair cut to two sectors), the
 verdict on a real scan pair at its registered pose and moved off it, and the zero-motion rule of a
 global search."""
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 from s2h_ros import geometry, trust
 from s2h_ros.config import RegistrationConfig
 from s2h_ros.degeneracy import Degeneracy
+from s2h_ros.free_space import FreeSpace
 from s2h_ros.pipeline import Registrar
+from s2h_ros.verification import MIN_STRUCTURE_VOXELS, free_space_refusal
 
 RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
 
@@ -90,3 +93,77 @@ def test_a_global_result_at_zero_motion_in_the_grey_zone_is_not_trusted_without_
     assert trust.rest_doubt(src, tgt, np.eye(4), None, grey, cfg) == ""  # clear of the grey zone
     away = geometry.make_transform(np.eye(3), np.array([2 * cfg.inlier_distance, 0.0, 0.0]))
     assert trust.rest_doubt(src, tgt, away, slide, grey, cfg) == ""  # it moved
+
+
+def test_many_matches_carry_a_low_fitness_band_result_only_with_the_stricter_free_space_test():
+    cfg = RegistrationConfig().replace(low_fitness_inliers=100)
+    assert trust.matches_suffice(100, 0.35, 0.35, cfg)
+    assert not trust.matches_suffice(99, 0.35, 0.35, cfg)  # too few matches
+    assert not trust.matches_suffice(500, 0.25, 0.25, cfg)  # below the band's floor either way
+    assert trust.matches_suffice(500, 0.25, 0.45, cfg)  # the better way opens the band
+    assert not trust.matches_suffice(500, 0.55, 0.55, cfg)  # above the band: min_fitness decides
+    assert not trust.matches_suffice(500, 0.35, 0.35, cfg.replace(low_fitness_inliers=0))  # off
+
+
+def test_a_free_space_test_that_sees_too_little_passes_unless_it_carries_the_result():
+    cfg = RegistrationConfig()
+    few = FreeSpace(through=0.0, seen=MIN_STRUCTURE_VOXELS - 1)
+    assert free_space_refusal(few, cfg) == ""
+    assert free_space_refusal(few, cfg, must_see=True).startswith("not trusted: only ")
+    some = FreeSpace(through=0.02, seen=5000)
+    assert free_space_refusal(some, cfg) == "" and free_space_refusal(some, cfg, must_see=True) == ""
+    assert free_space_refusal(some, cfg, limit=0.01).startswith("not trusted: 0.02 of the 5000 voxels")
+
+
+def sector(xyz: np.ndarray, low_deg: float, high_deg: float) -> np.ndarray:
+    """The points of ``xyz`` (N, 3) whose azimuth lies in [low_deg, high_deg)."""
+    azimuth = np.degrees(np.arctan2(xyz[:, 1], xyz[:, 0]))
+    return xyz[(azimuth >= low_deg) & (azimuth < high_deg)]
+
+
+@pytest.fixture(scope="module")
+def sectors(real_pair):
+    """The real pair cut to two 100 deg views sharing 20 deg (source -90..10, target -10..90):
+    views that overlap little, both ways, as depth cameras at 30-60 % overlap do. Their matches:
+    every source voxel with a target voxel within the inlier distance at the registered pose."""
+    from scipy.spatial import cKDTree
+
+    reg, _, _, result, _ = real_pair
+    scans = [np.fromfile(RAW / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0)]
+    src, tgt = reg.prepare(sector(scans[0], -90, 10)), reg.prepare(sector(scans[1], -10, 90))
+    local = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
+
+    def matches(T: np.ndarray) -> np.ndarray:
+        distance, j = cKDTree(tgt.xyz).query(geometry.apply_transform(T, src.xyz),
+                                             distance_upper_bound=reg.config.inlier_distance)
+        near = np.isfinite(distance)
+        return np.stack([np.nonzero(near)[0], j[near]], 1)
+
+    return reg.config, src, tgt, local, matches
+
+
+def test_views_that_overlap_little_are_trusted_on_many_matches_where_the_target_saw_nothing_through(sectors):
+    on, src, tgt, local, matches = sectors  # the defaults: the rule on
+    verdict = trust.judge(src, tgt, local, matches(local), on, structure=True)
+    assert on.low_fitness_floor <= verdict.fitness < on.min_fitness  # the band
+    assert verdict.structure_fit < on.low_fitness_structure  # the structure alone does not carry it
+    assert verdict.success, verdict.message
+    assert verdict.num_inliers >= on.low_fitness_inliers
+    assert verdict.free_space.through <= on.low_fitness_free_space
+    off = trust.judge(src, tgt, local, matches(local), on.replace(low_fitness_inliers=0), structure=True)
+    assert not off.success and off.message.startswith(f"not trusted: {off.num_inliers} inlier correspondences")
+    strict = trust.judge(src, tgt, local, matches(local), on.replace(low_fitness_free_space=0.0), structure=True)
+    assert not strict.success and "saw through them (need at most 0.00)" in strict.message
+    # a tracking result (no free-space test behind it) is not carried by its matches
+    assert not trust.judge(src, tgt, local, matches(local), on, structure=False).success
+
+
+@pytest.mark.parametrize("move", ["3 m across", "turned 20 deg"])
+def test_views_that_overlap_little_moved_off_the_truth_stay_refused_whatever_their_matches(sectors, move):
+    cfg, src, tgt, local, matches = sectors
+    off = (geometry.make_transform(np.eye(3), np.array([0.0, 3.0, 0.0])) if move == "3 m across"
+           else geometry.yaw_transform(20.0))
+    wrong = off @ local
+    verdict = trust.judge(src, tgt, wrong, matches(wrong), cfg, structure=True)
+    assert verdict.num_inliers >= cfg.low_fitness_inliers > 0  # its own matches would carry it
+    assert not verdict.success and verdict.message
