@@ -85,8 +85,8 @@ def matches_suffice(n_inl: int, fitness: float, overlap: float, cfg: Registratio
     off the ground no more: indoors, walls, furniture and racks are most of the scene, so the
     structure test that rescues a sparse lidar's rings (:func:`low_fitness`) cannot tell little
     overlap from a wrong pose. What tells them apart is where a wrong pose puts the scene: where
-    the target's sensor saw through it (docs/reliability.md, 'Matches and free space for pairs
-    that overlap little')."""
+    the target's sensor saw through it (docs/reliability.md, 'Many matches and free space for
+    views that overlap little')."""
     return 0 < cfg.low_fitness_inliers <= n_inl and low_fitness(fitness, cfg, overlap)
 
 
