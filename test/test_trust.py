@@ -25,12 +25,17 @@ def weakest(eigenvalue: float) -> Degeneracy:
 
 
 @pytest.fixture(scope="module")
-def real_pair():
+def raw_scans() -> list[np.ndarray]:
+    """RAW KITTI 00 frames 1 and 0 (real HDL-64E), (N, 3) float32 each: source, target."""
+    return [np.fromfile(RAW / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0)]
+
+
+@pytest.fixture(scope="module")
+def real_pair(raw_scans):
     """RAW KITTI 00 frames 1 -> 0 (real HDL-64E, 0.68 m apart) prepared and registered with the
     defaults: the registrar, the clouds and the result between their local frames."""
-    scans = [np.fromfile(RAW / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0)]
     reg = Registrar(RegistrationConfig())
-    src, tgt = (reg.prepare(s) for s in scans)
+    src, tgt = (reg.prepare(s) for s in raw_scans)
     result = reg.register(src, tgt)
     assert result.success, result.message
     return reg, src, tgt, result, geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
@@ -122,15 +127,15 @@ def sector(xyz: np.ndarray, low_deg: float, high_deg: float) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def sectors(real_pair):
+def sectors(real_pair, raw_scans):
     """The real pair cut to two 100 deg views sharing 20 deg (source -90..10, target -10..90):
     views that overlap little, both ways, as depth cameras at 30-60 % overlap do. Their matches:
     every source voxel with a target voxel within the inlier distance at the registered pose."""
     from scipy.spatial import cKDTree
 
     reg, _, _, result, _ = real_pair
-    scans = [np.fromfile(RAW / f"00000{i}.bin", np.float32).reshape(-1, 3) for i in (1, 0)]
-    src, tgt = reg.prepare(sector(scans[0], -90, 10)), reg.prepare(sector(scans[1], -10, 90))
+    source, target = raw_scans
+    src, tgt = reg.prepare(sector(source, -90, 10)), reg.prepare(sector(target, -10, 90))
     local = geometry.shift_transform(result.transform, -src.origin, -tgt.origin)
 
     def matches(T: np.ndarray) -> np.ndarray:
@@ -144,18 +149,19 @@ def sectors(real_pair):
 
 def test_views_that_overlap_little_are_trusted_on_many_matches_where_the_target_saw_nothing_through(sectors):
     on, src, tgt, local, matches = sectors  # the defaults: the rule on
-    verdict = trust.judge(src, tgt, local, matches(local), on, structure=True)
+    at_truth = matches(local)
+    verdict = trust.judge(src, tgt, local, at_truth, on, structure=True)
     assert on.low_fitness_floor <= verdict.fitness < on.min_fitness  # the band
     assert verdict.structure_fit < on.low_fitness_structure  # the structure alone does not carry it
     assert verdict.success, verdict.message
     assert verdict.num_inliers >= on.low_fitness_inliers
     assert verdict.free_space.through <= on.low_fitness_free_space
-    off = trust.judge(src, tgt, local, matches(local), on.replace(low_fitness_inliers=0), structure=True)
+    off = trust.judge(src, tgt, local, at_truth, on.replace(low_fitness_inliers=0), structure=True)
     assert not off.success and off.message.startswith(f"not trusted: {off.num_inliers} inlier correspondences")
-    strict = trust.judge(src, tgt, local, matches(local), on.replace(low_fitness_free_space=0.0), structure=True)
+    strict = trust.judge(src, tgt, local, at_truth, on.replace(low_fitness_free_space=0.0), structure=True)
     assert not strict.success and "saw through them (need at most 0.00)" in strict.message
     # a tracking result (no free-space test behind it) is not carried by its matches
-    assert not trust.judge(src, tgt, local, matches(local), on, structure=False).success
+    assert not trust.judge(src, tgt, local, at_truth, on, structure=False).success
 
 
 @pytest.mark.parametrize("move", ["3 m across", "turned 20 deg"])
