@@ -11,8 +11,9 @@ of the target's view); this module decides from those measures, in order, and sa
 2. constraint: below ``min_constraint`` even the truth is not trusted;
 3. slides: in the grey zone (below ``weak_constraint``) the slide test along the weakest direction;
 4. a global search's result (``structure``) also: no rest without a prior (:func:`rest_doubt`),
-   structure off the ground where fitness and constraint cannot tell (:func:`structure_doubt`),
-   and nothing seen through (the free-space test).
+   structure off the ground where fitness and constraint cannot tell (:func:`structure_doubt`;
+   in the grey zone, many matches may stand in for it: :func:`grey_matches_suffice`), and nothing
+   seen through (the free-space test, stricter for a result that stands on its matches).
 
 :func:`judge` runs them and returns a :class:`Verdict`; ``Registrar`` (s2h_ros.pipeline) times it
 as its ``verify`` stage and builds the result. The repetition test (``Registrar.unrepeated``) is
@@ -34,9 +35,10 @@ from s2h_ros.config import RegistrationConfig
 from s2h_ros.degeneracy import Degeneracy, SlideEvidence
 from s2h_ros.free_space import FreeSpace
 from s2h_ros.hypotheses import at_zero_motion
-from s2h_ros.verification import (alignment_covariance, alignment_degeneracy, fraction_text, free_space_refusal,
-                                  mutual_fitness, nearest_voxels, point_to_plane_rows, seen_through_of, slide_of,
-                                  slide_refusal, structure_fitness, verify)
+from s2h_ros.verification import (BY_FIT, BY_MATCHES, BY_STRUCTURE_BACK, alignment_covariance, alignment_degeneracy,
+                                  fraction_text, free_space_refusal, mutual_fitness, nearest_voxels,
+                                  point_to_plane_rows, seen_through_of, slide_of, slide_refusal, structure_fitness,
+                                  verify)
 
 
 @dataclass
@@ -91,11 +93,11 @@ def matches_suffice(n_inl: int, fitness: float, overlap: float, cfg: Registratio
 
 
 class Support(NamedTuple):
-    """What :func:`support_doubt` decided."""
+    """What :func:`support_doubt` or :func:`structure_doubt` decided."""
 
     message: str  # the refusal ("" when supported)
     structure_fit: float | None  # the source's fitness off the ground, where it was measured
-    on_matches: bool = False  # by :func:`matches_suffice`: the free-space test at low_fitness_free_space decides
+    carried_by: str = BY_FIT  # what carried it: how strict the free-space test is (verification.free_space_refusal)
 
 
 def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: int, fitness: float,
@@ -121,7 +123,8 @@ def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: 
       matrix, base seed 1128, OS1-128 against VLP-16: 0.27-0.51 forward, 0.52-0.86 back; off
       the ground 0.30-0.57 and 0.55-0.90). The way back has its own risk: a dense source
       covers so much space that a sparse target's structure fits it by chance up to about 0.45
-      (another world's scan, development), and the free-space test refuses those (0.38).
+      (another world's scan, development), and the free-space test refuses those (0.38), at
+      most ``back_free_space`` for a result the way back alone carries (``BY_STRUCTURE_BACK``).
     - Below ``min_inliers``, down to ``few_inliers_floor`` (:func:`few_inliers_suffice`), with
       ``min_structure_fitness`` off the ground: a sparse source's features match a dense
       target's few times (matrix base seed 1130, studied since: VLP-16 against OS1-128, 11-27
@@ -152,10 +155,12 @@ def support_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, n_inl: 
             structure_fit = structure_fitness(src, tgt, T, cfg)
             if free_space_backed and (structure_fit is None or structure_fit < cfg.low_fitness_structure):
                 structure_back = structure_fitness(tgt, src, np.linalg.inv(T), cfg)
-        if max(structure_fit or 0.0, structure_back or 0.0) >= cfg.low_fitness_structure:
+        if (structure_fit or 0.0) >= cfg.low_fitness_structure:
             return Support("", structure_fit)
+        if (structure_back or 0.0) >= cfg.low_fitness_structure:
+            return Support("", structure_fit, BY_STRUCTURE_BACK)
         if free_space_backed and matches_suffice(n_inl, fitness, overlap, cfg):
-            return Support("", structure_fit, on_matches=True)
+            return Support("", structure_fit, BY_MATCHES)
     either, off = "", ""
     if free_space_backed and overlap is not None:
         either = f", {overlap:.2f} the better way"
@@ -203,16 +208,18 @@ def rest_doubt(src: PreparedCloud, tgt: PreparedCloud, transform: np.ndarray, sl
 
 def structure_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, transform: np.ndarray, fitness: float,
                     cfg: RegistrationConfig, slide: SlideEvidence | None = None, degeneracy: Degeneracy | None = None,
-                    structure_fit: float | None = None) -> tuple[str, float | None]:
+                    structure_fit: float | None = None, n_inl: int = 0) -> Support:
     """A global search's result (no motion prior behind it; ``T`` between the local frames,
     ``transform`` between the input frames) must fit off the ground too (``structure_fitness``,
     ``min_structure_fitness``) where the fitness and the constraint measure cannot tell it
     from the truth: at zero motion (``at_zero_motion``: the ground's sensor pattern aligns
     there whatever the scene), and in the grey zone of the constraint measure (``slide``
     asked: weakest constraint below ``weak_constraint``; at zero motion there :func:`rest_doubt`
-    has refused it already). Returns the refusal message ("" when it fits or neither applies)
-    and the off-ground fitness (``structure_fit`` when already measured, else measured here
-    when asked).
+    has refused it already). Returns the :class:`Support`: the refusal message ("" when it fits
+    or neither applies), the off-ground fitness (``structure_fit`` when already measured, else
+    measured here when asked) and whether its ``n_inl`` inlier matches stood in for the structure
+    in the grey zone (:func:`grey_matches_suffice`; the free-space test then decides at
+    ``low_fitness_free_space``).
 
     Away from zero motion, a result in the grey zone lays a wide, flat ground on the target's
     and the rows of a parking lot or a street's facades on rows and facades running the same
@@ -224,21 +231,36 @@ def structure_doubt(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, trans
     zero, grey = at_zero_motion(transform, cfg, src, tgt), slide is not None
     moved = float(np.linalg.norm(transform[:3, 3]))
     if cfg.min_structure_fitness <= 0 or not (zero or grey):
-        return "", structure_fit
+        return Support("", structure_fit)
     if structure_fit is None:
         structure_fit = structure_fitness(src, tgt, T, cfg)
-    if structure_fit is not None and structure_fit < cfg.min_structure_fitness:
-        if zero:
-            return (f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
-                    f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
-                    "sensor pattern, not the scene, aligns"), structure_fit
-        weakest = "" if degeneracy is None else (
-            f"the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
-            f"{degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}) and ")
-        return (f"not trusted: {weakest}only {structure_fit:.2f} of the voxels off the ground fit (need "
-                f"{cfg.min_structure_fitness:.2f}), with fitness {fitness:.2f}: the ground and structure "
-                "running the same way, not the scene, align"), structure_fit
-    return "", structure_fit
+    if structure_fit is None or structure_fit >= cfg.min_structure_fitness:
+        return Support("", structure_fit)
+    if zero:
+        return Support(f"not trusted: zero motion ({moved:.2f} m) with fitness {fitness:.2f} but only "
+                       f"{structure_fit:.2f} off the ground (need {cfg.min_structure_fitness:.2f}): the ground's "
+                       "sensor pattern, not the scene, aligns", structure_fit)
+    if grey_matches_suffice(n_inl, cfg):
+        return Support("", structure_fit, BY_MATCHES)
+    weakest = "" if degeneracy is None else (
+        f"the geometry hardly constrains {degeneracy.describe()} (weakest constraint "
+        f"{degeneracy.eigenvalue:.4f} < {cfg.weak_constraint:g}) and ")
+    return Support(f"not trusted: {weakest}only {structure_fit:.2f} of the voxels off the ground fit (need "
+                   f"{cfg.min_structure_fitness:.2f}), with fitness {fitness:.2f}: the ground and structure "
+                   "running the same way, not the scene, align", structure_fit)
+
+
+def grey_matches_suffice(n_inl: int, cfg: RegistrationConfig) -> bool:
+    """Whether a global search's result in the grey zone (away from zero motion) whose structure
+    off the ground does not fit may stand on its ``n_inl`` inlier matches instead
+    (:func:`structure_doubt`): at least ``grey_zone_inliers``, with the free-space test at
+    ``low_fitness_free_space`` behind it, as in the low-fitness band (:func:`matches_suffice`).
+
+    Indoors the weakest direction of a right result is often along a wall, a shelf or a
+    corridor, and a view that overlaps its target by a third fits off the ground about as much
+    as it overlaps: the structure test, made for a street's rows of cars and facades, refuses
+    such results (docs/reliability.md, 'Two more ways to stand on little overlap')."""
+    return 0 < cfg.grey_zone_inliers <= n_inl
 
 
 def judge(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarray, cfg: RegistrationConfig,
@@ -262,10 +284,10 @@ def judge(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarr
     rows = point_to_plane_rows(src.xyz, tgt, T, cfg, nearest)
     covariance = Ad @ alignment_covariance(src.xyz, tgt, T, cfg, rows) @ Ad.T
     degeneracy = alignment_degeneracy(tgt, cfg, rows)  # directions: the same in the input frame
-    success, structure_fit, on_matches = False, None, False
+    success, structure_fit, carried_by = False, None, BY_FIT
     if not message:
         backed = structure and cfg.max_free_space > 0  # the free-space test judges it after
-        message, structure_fit, on_matches = support_doubt(src, tgt, T, n_inl, fitness, cfg,
+        message, structure_fit, carried_by = support_doubt(src, tgt, T, n_inl, fitness, cfg,
                                                            require_inliers and not slid, degeneracy,
                                                            free_space_backed=backed)
         success = not message
@@ -284,14 +306,14 @@ def judge(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, pairs: np.ndarr
         message = rest_doubt(src, tgt, transform, slide, degeneracy, cfg)
         rest, success = bool(message), not message
     if success and structure:
-        message, structure_fit = structure_doubt(src, tgt, T, transform, fitness, cfg, slide, degeneracy,
-                                                 structure_fit)
+        message, structure_fit, grey_carried_by = structure_doubt(src, tgt, T, transform, fitness, cfg, slide,
+                                                                  degeneracy, structure_fit, n_inl)
+        carried_by = BY_MATCHES if BY_MATCHES in (carried_by, grey_carried_by) else carried_by
         success = not message
     seen_through = None
     if success and structure and cfg.max_free_space > 0:
         seen_through = seen_through_of(src, tgt, T, cfg)
-        limit = min(cfg.max_free_space, cfg.low_fitness_free_space) if on_matches else cfg.max_free_space
-        message = free_space_refusal(seen_through, cfg, limit, must_see=on_matches)
+        message = free_space_refusal(seen_through, cfg, carried_by)
         success = not message
     return Verdict(transform=transform, success=bool(success), message=message, num_inliers=int(n_inl),
                    inlier_mask=inl_mask, fitness=float(fitness), fitness_fine=float(fitness_fine),

@@ -118,16 +118,30 @@ def seen_through_of(src: PreparedCloud, tgt: PreparedCloud, T: np.ndarray, cfg: 
     return free_space(moved + tgt.origin, tgt.range_image(), cfg.inlier_distance)  # the target's input frame
 
 
-def free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig, limit: float | None = None,
-                       must_see: bool = False) -> str:
-    """The refusal message of a result that lays more than ``limit`` (``max_free_space`` unless
-    given) of its seen structure where the target's sensor saw through ("" when it does not).
-    Fewer than ``MIN_STRUCTURE_VOXELS`` seen say nothing: passed, unless ``must_see`` (the test is
-    what supports the result, ``trust.matches_suffice``)."""
-    limit = cfg.max_free_space if limit is None else limit
-    if seen.seen < MIN_STRUCTURE_VOXELS and must_see:
+# What carried a global search's result before the free-space test (``trust.Support.carried_by``);
+# it sets how strict the test is (:func:`free_space_refusal`).
+BY_FIT, BY_STRUCTURE_BACK, BY_MATCHES = "fit", "structure back", "matches"
+
+
+def free_space_refusal(seen: FreeSpace, cfg: RegistrationConfig, carried_by: str = BY_FIT) -> str:
+    """The refusal message of a result that lays more of its seen structure where the target's
+    sensor saw through than what carried it allows ("" when it does not). Fewer than
+    ``MIN_STRUCTURE_VOXELS`` seen say nothing: passed, unless the matches carried it.
+
+    ``carried_by``: ``BY_FIT`` (its fitness, or its own structure off the ground in the low-fitness
+    band): ``max_free_space``. ``BY_STRUCTURE_BACK`` (in the band, only the target's structure fits
+    the source, ``trust.support_doubt``): at most ``back_free_space``. ``BY_MATCHES`` (its structure
+    does not fit either way and many matches stand in, ``trust.matches_suffice``,
+    ``trust.grey_matches_suffice``): this test is what supports it, at most
+    ``low_fitness_free_space``, and too little seen refuses it."""
+    limit = cfg.max_free_space
+    if carried_by == BY_MATCHES:
+        limit = min(limit, cfg.low_fitness_free_space)
+    elif carried_by == BY_STRUCTURE_BACK:
+        limit = min(limit, cfg.back_free_space)
+    if seen.seen < MIN_STRUCTURE_VOXELS and carried_by == BY_MATCHES:
         return (f"not trusted: only {seen.seen} voxels off the ground lie in the target sensor's view (need "
-                f"{MIN_STRUCTURE_VOXELS} for the free-space test to carry a result below min_fitness)")
+                f"{MIN_STRUCTURE_VOXELS} for the free-space test to carry a result on its matches)")
     if seen.seen < MIN_STRUCTURE_VOXELS or seen.through <= limit:
         return ""
     return (f"not trusted: {seen.through:.2f} of the {seen.seen} voxels off the ground that it lays in the target "

@@ -1,5 +1,6 @@
 """The success test (s2h_ros.trust): the low-fitness band, few matches carried by structure, many
-matches carried by free space (views that overlap little: the real pair cut to two sectors), the
+matches carried by free space (views that overlap little: the real pair cut to two sectors; results
+in the grey zone of the constraint measure), the
 verdict on a real scan pair at its registered pose and moved off it, and the zero-motion rule of a
 global search."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ from s2h_ros.config import RegistrationConfig
 from s2h_ros.degeneracy import Degeneracy
 from s2h_ros.free_space import FreeSpace
 from s2h_ros.pipeline import Registrar
-from s2h_ros.verification import MIN_STRUCTURE_VOXELS, free_space_refusal
+from s2h_ros.verification import BY_FIT, BY_MATCHES, BY_STRUCTURE_BACK, MIN_STRUCTURE_VOXELS, free_space_refusal
 
 RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "kitti" / "raw_00"
 
@@ -110,14 +111,38 @@ def test_many_matches_carry_a_low_fitness_band_result_only_with_the_stricter_fre
     assert not trust.matches_suffice(500, 0.35, 0.35, cfg.replace(low_fitness_inliers=0))  # off
 
 
-def test_a_free_space_test_that_sees_too_little_passes_unless_it_carries_the_result():
+def test_many_matches_stand_in_for_the_structure_in_the_grey_zone_only_away_from_zero_motion(real_pair):
+    reg, src, tgt, _, _ = real_pair
+    cfg = reg.config.replace(grey_zone_inliers=100)
+    grey, slide = weakest(cfg.weak_constraint / 2), object()  # the slide test was asked (its evidence is not read)
+    away = geometry.make_transform(np.eye(3), np.array([3.0, 0.0, 0.0]))
+    poor = cfg.min_structure_fitness - 0.1  # the structure off the ground does not fit
+
+    def doubt(transform: np.ndarray, n_inl: int, config: RegistrationConfig = cfg, fit: float = poor) -> trust.Support:
+        return trust.structure_doubt(src, tgt, transform, transform, 0.45, config, slide, grey, fit, n_inl)
+
+    assert doubt(away, 100) == trust.Support("", poor, BY_MATCHES)  # the free-space test decides, stricter
+    refused = doubt(away, 99)
+    assert refused.message.startswith("not trusted: the geometry hardly constrains") and refused.carried_by == BY_FIT
+    assert doubt(np.eye(4), 500).message.startswith("not trusted: zero motion")  # rest: the sensor's pattern
+    assert doubt(away, 500, cfg.replace(grey_zone_inliers=0)).message  # off
+    assert doubt(away, 0, fit=cfg.min_structure_fitness) == trust.Support("", cfg.min_structure_fitness)  # it fits
+    assert not trust.grey_matches_suffice(10_000, RegistrationConfig(grey_zone_inliers=0))
+
+
+def test_a_free_space_test_is_stricter_and_must_see_enough_where_it_carries_the_result():
     cfg = RegistrationConfig()
     few = FreeSpace(through=0.0, seen=MIN_STRUCTURE_VOXELS - 1)
     assert free_space_refusal(few, cfg) == ""
-    assert free_space_refusal(few, cfg, must_see=True).startswith("not trusted: only ")
-    some = FreeSpace(through=0.02, seen=5000)
-    assert free_space_refusal(some, cfg) == "" and free_space_refusal(some, cfg, must_see=True) == ""
-    assert free_space_refusal(some, cfg, limit=0.01).startswith("not trusted: 0.02 of the 5000 voxels")
+    assert free_space_refusal(few, cfg, BY_MATCHES).startswith("not trusted: only ")
+    assert free_space_refusal(few, cfg, BY_STRUCTURE_BACK) == ""  # the structure carries it: too few seen say nothing
+    some = FreeSpace(through=0.02, seen=5000)  # between low_fitness_free_space (0.01) and max_free_space (0.08)
+    assert free_space_refusal(some, cfg) == ""
+    assert free_space_refusal(some, cfg, BY_MATCHES).startswith("not trusted: 0.02 of the 5000 voxels")
+    assert free_space_refusal(some, cfg.replace(back_free_space=0.015), BY_STRUCTURE_BACK).endswith("the scene does not fit")
+    assert free_space_refusal(some, cfg.replace(back_free_space=0.5), BY_STRUCTURE_BACK) == ""  # max_free_space still applies
+    assert free_space_refusal(FreeSpace(through=0.1, seen=5000), cfg.replace(back_free_space=0.5), BY_STRUCTURE_BACK)
+    assert free_space_refusal(FreeSpace(through=0.1, seen=5000), cfg).endswith("the scene does not fit")
 
 
 def sector(xyz: np.ndarray, low_deg: float, high_deg: float) -> np.ndarray:

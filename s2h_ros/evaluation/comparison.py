@@ -262,6 +262,11 @@ def _count(totals: dict, key: str, trusted_key: str | None = None) -> str:
 
 def comparison_markdown(report: dict) -> str:
     """The comparison as Markdown: totals, transitions, flips, errors, cells, changed pairs."""
+    sections = (_totals_section, _flips_section, _errors_section, _cells_section, _changed_section)
+    return "\n".join(line for section in sections for line in section(report))
+
+
+def _totals_section(report: dict) -> list[str]:
     from s2h_ros.evaluation.report import _fmt, markdown_table
 
     b, a = report["totals"]["before"], report["totals"]["after"]
@@ -278,48 +283,71 @@ def comparison_markdown(report: dict) -> str:
              _count(a, "safeguard", "safeguard_trusted")],
             ["errors (no estimate)", str(b["errors"]), str(a["errors"])],
             ["mean time per pair (s)", _fmt(b["time_mean_s"]), _fmt(a["time_mean_s"])]]
-    lines += [markdown_table(["", "before", "after"], rows)]
-    lines += ["Pair by pair (exact McNemar p: how likely so lopsided a split of the changed pairs is "
-              "between two equally good runs):", ""]
+    return lines + [markdown_table(["", "before", "after"], rows)]
+
+
+def _flips_section(report: dict) -> list[str]:
+    from s2h_ros.evaluation.report import markdown_table
+
+    lines = ["Pair by pair (exact McNemar p: how likely so lopsided a split of the changed pairs is "
+             "between two equally good runs):", ""]
     for name, title in (("right", "right"), ("right_trusted", "right and trusted"),
                         ("wrong_trusted", "wrong but trusted")):
         f = report[name]
         lines.append(f"- {title}: gained {f['gained']}, lost {f['lost']} (p = {_p(f['p_value'])})")
     lines += ["", "Outcomes, before (rows) -> after (columns):", ""]
-    lines += [markdown_table(["before \\ after", *OUTCOMES],
-                             [[o, *(str(report["transitions"][o][n]) for n in OUTCOMES)] for o in OUTCOMES])]
+    return lines + [markdown_table(["before \\ after", *OUTCOMES],
+                                   [[o, *(str(report["transitions"][o][n]) for n in OUTCOMES)] for o in OUTCOMES])]
+
+
+def _errors_section(report: dict) -> list[str]:
+    from s2h_ros.evaluation.report import _fmt, markdown_table
+
     e = report["errors_right_in_both"]
-    lines += [f"Errors over the {e['pairs']} pairs right in both runs (sign test p over the pairs that moved):", ""]
-    lines += [markdown_table(
-        ["", "mean before", "mean after", "median before", "median after", "lower", "higher", "sign test p"],
-        [[label, _fmt(e[k]["before_mean"], scale, d), _fmt(e[k]["after_mean"], scale, d),
-          _fmt(e[k]["before_median"], scale, d), _fmt(e[k]["after_median"], scale, d),
-          str(e[k]["lower"]), str(e[k]["higher"]), _p(e[k]["sign_test_p"])]
-         for label, k, scale, d in (("RE (deg)", "re_deg", 1.0, 3), ("TE (cm)", "te_m", 100.0, 2))])]
-    if len(report["cells"]) > 1 or "" not in report["cells"]:
-        lines += ["Per cell (before -> after):", ""]
-        lines += [markdown_table(
-            ["cell", "pairs", "right", "trusted", "wrong but trusted", "RANSAC safeguard"],
-            [[cell or "-", str(c["before"]["pairs"]),
-              f"{c['before']['right']} -> {c['after']['right']}",
-              f"{c['before']['trusted']} -> {c['after']['trusted']}",
-              f"{c['before']['wrong_trusted']} -> {c['after']['wrong_trusted']}",
-              f"{_count(c['before'], 'safeguard')} -> {_count(c['after'], 'safeguard')}"]
-             for cell, c in report["cells"].items()])]
-    if report["changed"]:
-        lines += [f"Pairs whose outcome or safeguard changed ({len(report['changed'])}):", ""]
-        lines += [markdown_table(
-            ["cell", "pair", "before", "after", "RE before / after (deg)", "TE before / after (cm)",
-             "inliers before / after", "message after"],
-            [[c["cell"] or "-", c["pair"],
-              c["before"]["outcome"] + (", safeguard" if c["before"]["safeguard"] else ""),
-              c["after"]["outcome"] + (", safeguard" if c["after"]["safeguard"] else ""),
-              f"{_fmt(c['before']['re_deg'], 1.0, 3)} / {_fmt(c['after']['re_deg'], 1.0, 3)}",
-              f"{_fmt(c['before']['te_m'], 100.0)} / {_fmt(c['after']['te_m'], 100.0)}",
-              f"{c['before']['inliers'] if c['before']['inliers'] is not None else '-'} / "
-              f"{c['after']['inliers'] if c['after']['inliers'] is not None else '-'}",
-              c["after"]["message"].replace("|", "/")]
-             for c in report["changed"]])]
-    else:
-        lines += ["No pair changed its outcome or its use of the RANSAC safeguard.", ""]
-    return "\n".join(lines)
+    return [f"Errors over the {e['pairs']} pairs right in both runs (sign test p over the pairs that moved):", "",
+            markdown_table(
+                ["", "mean before", "mean after", "median before", "median after", "lower", "higher", "sign test p"],
+                [[label, _fmt(e[k]["before_mean"], scale, d), _fmt(e[k]["after_mean"], scale, d),
+                  _fmt(e[k]["before_median"], scale, d), _fmt(e[k]["after_median"], scale, d),
+                  str(e[k]["lower"]), str(e[k]["higher"]), _p(e[k]["sign_test_p"])]
+                 for label, k, scale, d in (("RE (deg)", "re_deg", 1.0, 3), ("TE (cm)", "te_m", 100.0, 2))])]
+
+
+def _cells_section(report: dict) -> list[str]:
+    from s2h_ros.evaluation.report import markdown_table
+
+    if len(report["cells"]) <= 1 and "" in report["cells"]:
+        return []
+    return ["Per cell (before -> after):", "",
+            markdown_table(
+                ["cell", "pairs", "right", "trusted", "wrong but trusted", "RANSAC safeguard"],
+                [[cell or "-", str(c["before"]["pairs"]),
+                  f"{c['before']['right']} -> {c['after']['right']}",
+                  f"{c['before']['trusted']} -> {c['after']['trusted']}",
+                  f"{c['before']['wrong_trusted']} -> {c['after']['wrong_trusted']}",
+                  f"{_count(c['before'], 'safeguard')} -> {_count(c['after'], 'safeguard')}"]
+                 for cell, c in report["cells"].items()])]
+
+
+def _changed_section(report: dict) -> list[str]:
+    from s2h_ros.evaluation.report import _fmt, markdown_table
+
+    if not report["changed"]:
+        return ["No pair changed its outcome or its use of the RANSAC safeguard.", ""]
+
+    def side(c: dict, when: str) -> str:
+        return c[when]["outcome"] + (", safeguard" if c[when]["safeguard"] else "")
+
+    def inliers(c: dict, when: str) -> str:
+        return "-" if c[when]["inliers"] is None else str(c[when]["inliers"])
+
+    return [f"Pairs whose outcome or safeguard changed ({len(report['changed'])}):", "",
+            markdown_table(
+                ["cell", "pair", "before", "after", "RE before / after (deg)", "TE before / after (cm)",
+                 "inliers before / after", "message after"],
+                [[c["cell"] or "-", c["pair"], side(c, "before"), side(c, "after"),
+                  f"{_fmt(c['before']['re_deg'], 1.0, 3)} / {_fmt(c['after']['re_deg'], 1.0, 3)}",
+                  f"{_fmt(c['before']['te_m'], 100.0)} / {_fmt(c['after']['te_m'], 100.0)}",
+                  f"{inliers(c, 'before')} / {inliers(c, 'after')}",
+                  c["after"]["message"].replace("|", "/")]
+                 for c in report["changed"]])]
