@@ -13,7 +13,8 @@ of the target's view); this module decides from those measures, in order, and sa
 4. a global search's result (``structure``) also: no rest without a prior (:func:`rest_doubt`),
    structure off the ground where fitness and constraint cannot tell (:func:`structure_doubt`;
    in the grey zone, many matches may stand in for it: :func:`grey_matches_suffice`), and nothing
-   seen through (the free-space test, stricter for a result that stands on its matches).
+   seen through (the free-space test, stricter for a result that its matches, or only the
+   target's structure, carry).
 
 :func:`judge` runs them and returns a :class:`Verdict`; ``Registrar`` (s2h_ros.pipeline) times it
 as its ``verify`` stage and builds the result. The repetition test (``Registrar.unrepeated``) is

@@ -1,8 +1,7 @@
 """The success test (s2h_ros.trust): the low-fitness band, few matches carried by structure, many
 matches carried by free space (views that overlap little: the real pair cut to two sectors; results
-in the grey zone of the constraint measure), the
-verdict on a real scan pair at its registered pose and moved off it, and the zero-motion rule of a
-global search."""
+in the grey zone of the constraint measure), the verdict on a real scan pair at its registered pose
+and moved off it, and the zero-motion rule of a global search."""
 from __future__ import annotations
 
 from pathlib import Path
