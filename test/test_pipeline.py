@@ -54,6 +54,22 @@ def test_a_prepared_keyframe_is_reused_without_recomputing_features(demo_pair):
     assert np.allclose(result.transform, again.transform, atol=1e-6)
 
 
+def test_the_voxel_cap_keeps_the_same_voxels_of_a_cloud_in_every_call_and_thread(demo_pair):
+    """Above ``max_points`` a cloud keeps a random subset of its voxels; the same cloud keeps the
+    same subset however many clouds the registrar prepared before and whichever thread asks (the
+    odometry prepares scans on a helper thread)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reg = Registrar(dataclasses.replace(INDOOR, max_points=2000))
+    first = reg.prepare(demo_pair.source).xyz
+    reg.prepare(demo_pair.target)
+    with ThreadPoolExecutor(2) as pool:
+        again = list(pool.map(lambda cloud: reg.prepare(cloud).xyz, [demo_pair.source] * 2))
+    assert len(first) == 2000 < len(Registrar(INDOOR).prepare(demo_pair.source).xyz)
+    for xyz in again:
+        np.testing.assert_array_equal(xyz, first)
+
+
 def test_unrelated_clouds_are_reported_as_failures_not_transforms(rng):
     a = rng.uniform(-5, 5, (4000, 3)).astype(np.float32)
     b = rng.uniform(-5, 5, (4000, 3)).astype(np.float32)
