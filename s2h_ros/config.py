@@ -39,7 +39,7 @@ class RegistrationConfig:
     device: str = field(default="cpu", metadata=_meta("torch device: cpu, cuda, cuda:N"))
     features: str = field(default="auto", metadata=_meta("point features: fcgf (learned), fpfh (Open3D, no weights), auto (fcgf from the shipped weights trained at voxel_size: outdoor 0.3 m, indoor 0.05 m; fpfh at other sizes)"))
     weights: str = field(default="", metadata=_meta("FCGF/DGR checkpoint path; empty: the shipped weights for voxel_size"))
-    max_points: int = field(default=30000, metadata=_meta("voxels kept per cloud after voxelisation (random subset above)", 100, 10_000_000))
+    max_points: int = field(default=30000, metadata=_meta("voxels kept per cloud after voxelisation (above it a random subset seeded by seed alone: the same cloud keeps the same voxels in every call)", 100, 10_000_000))
 
     matcher: str = field(default="s2h", metadata=_meta("correspondences: s2h (soft-to-hard PPM), nn (DGR 1-NN), mutual_nn"))
     k: int = field(default=16, metadata=_meta("feature-space neighbours per point, both directions (S2H support)", 1, 256))
