@@ -246,7 +246,7 @@ def slide_evidence(source: np.ndarray, target: np.ndarray, T: np.ndarray, direct
         lone = _not_extended(structure[:, axes], d_own, SLIDE_SHIFT_DISTANCES * distance, distance / 2)
         points = moved[lone][:, axes]
         if len(points) > SLIDE_POINTS:  # a fixed-seed subset: the fractions are proportions
-            points = points[np.random.default_rng(0).choice(len(points), SLIDE_POINTS, replace=False)]
+            points = points[geometry.fixed_subset(len(points), SLIDE_POINTS)]
         if len(points) == 0:
             continue
         tree = cKDTree(target_structure[:, axes])  # one per view, for both counts

@@ -159,6 +159,16 @@ def random_rotation(rng: np.random.Generator, max_angle_deg: float = 180.0) -> n
     return Rotation.from_rotvec(axis * angle).as_matrix()
 
 
+def fixed_subset(n: int, m: int, seed: int = 0) -> np.ndarray | None:
+    """``(m,)`` int64 sorted rows of ``n``, a random subset drawn by a generator seeded by ``seed``
+    alone, when ``n > m``; None (all rows) otherwise, and for ``m`` 0. The same ``(n, m, seed)``
+    gives the same rows in every call and on every thread: no generator is carried between calls,
+    so what a cloud keeps never depends on what was computed before it."""
+    if m == 0 or n <= m:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, m, replace=False))
+
+
 # ------------------------------------------------------------------------------ Procrustes
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from s2h_ros.geometry import fixed_subset
+
 GROUND_BELOW = (-5.0, -0.1)  # metres along up: where the ground may lie relative to the sensor
 SLAB = 0.2  # metres: the histogram bin; the ground slab is two bins
 MAX_POINTS = 3000  # points sampled (fixed seed) for the search; the ground is a large share of any scan
@@ -96,7 +98,7 @@ def ground_up(xyz: np.ndarray, max_tilt_deg: float = MAX_TILT_DEG) -> Up:
     leans toward the cap's edge, and is left as given."""
     xyz = np.asarray(xyz, dtype=np.float64)
     if len(xyz) > MAX_POINTS:
-        xyz = xyz[np.random.default_rng(0).choice(len(xyz), MAX_POINTS, replace=False)]
+        xyz = xyz[fixed_subset(len(xyz), MAX_POINTS)]
     none = Up(np.array([0.0, 0.0, 1.0]), 0.0, 0.0, 0.0)
     if len(xyz) < 10:
         return none

@@ -201,13 +201,13 @@ class Registrar:
 
     def _voxels(self, points: np.ndarray) -> np.ndarray:
         """``(M, 3)``: one point of each occupied voxel of ``points (N, 3)``, at most ``max_points``
-        of them (``fixed_subset`` above: the same cloud keeps the same voxels in every call and on
-        every thread; a generator carried across calls made one registrar answer a development
+        of them (``geometry.fixed_subset`` seeded by ``seed``: the same cloud keeps the same voxels in
+        every call and on every thread; a generator carried across calls made one registrar answer a development
         depth-camera pair, world 6027, right with 185 inlier matches in one call and 62 deg wrong
         in another)."""
         cfg = self.config
         keep = geometry.voxel_downsample(points, cfg.voxel_size, self.device)
-        rows = self.fixed_subset(len(keep), cfg.max_points)
+        rows = geometry.fixed_subset(len(keep), cfg.max_points, self.config.seed)
         return points[keep if rows is None else keep[rows]]
 
     # ------------------------------------------------------------------ registration
@@ -255,7 +255,7 @@ class Registrar:
         if tracking:
             if init is None:
                 raise ValueError("search='prior' needs init (the motion prior)")
-            picked = self.fixed_subset(len(src.xyz), cfg.prior_max_points)
+            picked = geometry.fixed_subset(len(src.xyz), cfg.prior_max_points, self.config.seed)
             with timer.stage("support"):
                 support = self.prior_support(src if picked is None else src.subset(picked), tgt, init)
             result = self._search(src, tgt, init, timer, turned, support, picked)
@@ -270,15 +270,6 @@ class Registrar:
         result.search = "prior" if tracking else search
         result.timings["total"] = 1e3 * (time.perf_counter() - t_start)
         return result
-
-    def fixed_subset(self, n: int, m: int) -> np.ndarray | None:
-        """``(m,)`` sorted rows of ``n``, a random subset seeded by ``seed`` alone, when ``n > m``
-        (None: all rows, also for ``m`` 0). The voxel cap (``max_points``) and the voxels S2H matches
-        (``prior_max_points`` / ``global_max_points``: the matches only need to find the transform's
-        neighbourhood; ICP and verification then use every voxel) are such subsets."""
-        if m == 0 or n <= m:
-            return None
-        return np.sort(np.random.default_rng(self.config.seed).choice(n, m, replace=False))
 
     def _quick_global(self, src: PreparedCloud, tgt: PreparedCloud, init: np.ndarray | None, timer: _Timer,
                       turned: dict[float, torch.Tensor], alone: bool = False) -> RegistrationResult | None:
@@ -298,7 +289,7 @@ class Registrar:
         steps 5-6 m / 88-180 deg wrong from quick results that were verified but not decisive)."""
         picked = None
         if init is not None or alone:
-            picked = self.fixed_subset(len(src.xyz), self.config.global_max_points)
+            picked = geometry.fixed_subset(len(src.xyz), self.config.global_max_points, self.config.seed)
         if picked is None and not alone:
             return None
         headings = self.headings(src, None, init, tgt)
@@ -423,7 +414,7 @@ class Registrar:
         so the heading is heard in full. Nothing is left out with ``heading_screen_points`` 0 or a
         source no larger (the screen would cost what the full hypothesis does)."""
         cfg = self.config
-        rows = self.fixed_subset(len(src.xyz), cfg.heading_screen_points)
+        rows = geometry.fixed_subset(len(src.xyz), cfg.heading_screen_points, self.config.seed)
         if rows is None:  # screen off (0), or a source no larger than the screen
             return False
         hyp = self._subset_hypothesis(src, tgt, self._features_at(src, heading, timer, turned), None, None, timer,
@@ -680,7 +671,7 @@ class Registrar:
         t_start = time.perf_counter()
         timer = _Timer()
         surface = target.icp_target(cfg)
-        picked = self.fixed_subset(len(source.xyz), RESTART_POINTS)
+        picked = geometry.fixed_subset(len(source.xyz), RESTART_POINTS, self.config.seed)
         xyz = source.xyz if picked is None else source.xyz[picked]
         local = geometry.shift_transform(result.transform, -source.origin, -target.origin)
         best, best_fit = local, surface_fit(xyz, target, local, cfg)

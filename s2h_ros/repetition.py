@@ -48,6 +48,7 @@ from typing import Callable
 import numpy as np
 
 from s2h_ros.config import cpu_workers
+from s2h_ros.geometry import fixed_subset
 
 
 @dataclass
@@ -212,7 +213,7 @@ def repetition(aligned: np.ndarray, normals: np.ndarray, target: np.ndarray, cel
     fit = float(scores[m - 1:m + 2, m - 1:m + 2].max())
     tree = cKDTree(target) if tree is None else tree
     if len(aligned) > WEIGHED_POINTS:
-        keep = np.random.default_rng(0).choice(len(aligned), WEIGHED_POINTS, replace=False)
+        keep = fixed_subset(len(aligned), WEIGHED_POINTS)
         aligned, normals = aligned[keep], normals[keep]
     fits = tree.query(aligned, distance_upper_bound=cell)[0] < cell
     copies = []  # (ratio, shift) of each peak that does not slide back onto the result itself

@@ -204,6 +204,16 @@ def test_voxel_downsample_rejects_bad_input(pts, voxel):
         g.voxel_downsample(pts, voxel)
 
 
+def test_a_fixed_subset_is_the_same_sorted_rows_in_every_call_and_none_below_its_size():
+    first = g.fixed_subset(10_000, 300, seed=7)
+    assert first.shape == (300,) and np.all(np.diff(first) > 0) and first.max() < 10_000
+    np.random.default_rng(123).random(50)  # no state carries over from other generators or calls
+    assert np.array_equal(g.fixed_subset(10_000, 300, seed=7), first)
+    assert not np.array_equal(g.fixed_subset(10_000, 300, seed=8), first)
+    assert g.fixed_subset(300, 300) is None and g.fixed_subset(10, 300) is None
+    assert g.fixed_subset(10_000, 0) is None
+
+
 def test_correspondence_inlier_mask_uses_the_ground_truth_transform(rng):
     src = rng.normal(size=(5, 3))
     T = g.make_transform(g.random_rotation(rng, 30.0), np.array([1.0, 0, 0]))
