@@ -110,9 +110,10 @@ def result_message(step, header: Header, scan_id: int, total_ms: float | None = 
 
 
 def correspondence_markers(step, frame: str, stamp: Time, scan_pose: np.ndarray | None,
-                           keyframe_pose: np.ndarray | None, max_lines: int, rng: np.random.Generator) -> MarkerArray:
+                           keyframe_pose: np.ndarray | None, max_lines: int) -> MarkerArray:
     """Inlier correspondences as lines (keyframe point - scan point, coloured by weight) in
-    ``frame`` (odom), via the scan's and keyframe's sensor poses there; at most ``max_lines``.
+    ``frame`` (odom), via the scan's and keyframe's sensor poses there; at most ``max_lines`` (a
+    fixed-seed subset, ``geometry.fixed_subset``: the same result draws the same lines).
     A failed scan clears the previous drawing and draws nothing it does not trust."""
     header = Header(stamp=stamp, frame_id=frame)
     out = MarkerArray(markers=[Marker(header=header, ns="s2h", action=Marker.DELETEALL)])
@@ -121,7 +122,7 @@ def correspondence_markers(step, frame: str, stamp: Time, scan_pose: np.ndarray 
         return out
     idx = np.flatnonzero(r.inlier_mask) if len(r.inlier_mask) else np.zeros(0, int)
     if len(idx) > max_lines:
-        idx = rng.choice(idx, max_lines, replace=False)
+        idx = idx[geometry.fixed_subset(len(idx), max_lines)]
     scan_pts = geometry.apply_transform(scan_pose, r.source_xyz[r.correspondences[idx, 0]].astype(np.float64))
     kf_pts = geometry.apply_transform(keyframe_pose, r.target_xyz[r.correspondences[idx, 1]].astype(np.float64))
     lines = Marker(header=header, ns="s2h_correspondences", id=0, type=Marker.LINE_LIST, action=Marker.ADD)

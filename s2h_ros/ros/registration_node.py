@@ -103,7 +103,6 @@ class RegistrationNode(Node):
         use_cpu_threads(cpu_threads(int(p["cpu_threads"]), self.settings.registration.device))
         self.registrar, features = _start_registrar(self.settings.registration)
         self.odometry = KeyframeOdometry(self.settings.registration, self.settings.odometry, self.registrar)
-        self._rng = np.random.default_rng(0)
         self._create_interfaces(p)
         self.path_poses: deque = deque(maxlen=int(p["path_max_length"]))  # bounded: O(1) per scan
         self._last_tf_ns: int | None = None  # stamp of the last TF sent (TF only goes forward in time)
@@ -259,7 +258,7 @@ class RegistrationNode(Node):
             self._publish_keyframe(step, kf_pose, stamp)
         max_lines = self.get_parameter("max_markers").value  # may change at run time
         self.pub_markers.publish(messages.correspondence_markers(
-            step, self.odom_frame, stamp, scan_pose, kf_pose, max_lines, self._rng))
+            step, self.odom_frame, stamp, scan_pose, kf_pose, max_lines))
         done = time.monotonic()
         self._latencies.append(done - received)  # receipt -> published, wall clock
         self._done_times.append(done)
@@ -325,7 +324,7 @@ class RegistrationNode(Node):
             return
         xyz = step.keyframe_xyz
         if len(xyz) > limit:
-            xyz = xyz[self._rng.choice(len(xyz), limit, replace=False)]
+            xyz = xyz[geometry.fixed_subset(len(xyz), limit)]
         xyz = geometry.apply_transform(kf_pose, xyz.astype(np.float64)).astype(np.float32)
         self.pub_keyframe.publish(to_msg(xyz, frame_id=self.odom_frame, stamp=stamp))
         self._published_keyframe = step.keyframe_id

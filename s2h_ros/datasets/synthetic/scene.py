@@ -84,10 +84,6 @@ class SyntheticWorld:
         return wave_sum(self._terrain, x, y) + wave_sum(self._relief, x, y)
 
     # ---------------------------------------------------------------- tiles
-    def tile_of(self, xy: np.ndarray) -> tuple[int, int]:
-        """Index (i, j) of the tile containing the (2,) point."""
-        return int(np.floor(xy[0] / self.pitch)), int(np.floor(xy[1] / self.pitch))
-
     def tiles_within(self, xy: np.ndarray, radius: float) -> list[tuple[int, int]]:
         """Tiles whose square comes within ``radius`` of the (2,) point."""
         p = self.pitch
