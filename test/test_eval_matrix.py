@@ -56,6 +56,29 @@ def test_colliding_cell_seeds_move_on_to_a_free_one(monkeypatch):
     assert [c.seed for c in cells] == [999, 0, 1, 2]
 
 
+def test_named_worlds_replace_the_drawn_ones_and_the_other_cells_keep_away_from_them(monkeypatch):
+    monkeypatch.setattr(mx, "cell_seed", lambda base, key: 5)
+    cells = mx.matrix_cells(0, sensors="vlp16", families="town,highway", indoor_sensors="depth_camera",
+                            indoor_families="rooms", mixed="vlp16:os1_128", mixed_families="town", real="",
+                            worlds="depth_camera/rooms=5, vlp16>os1_128/town=264")
+    seeds = {c.key: c.seed for c in cells}
+    assert seeds == {"vlp16/town": 6, "vlp16/highway": 7, "depth_camera/rooms": 5, "vlp16>os1_128/town": 264}
+
+
+@pytest.mark.parametrize("worlds, message", [
+    ("vlp16/tunnel=5", "does not have: vlp16/tunnel"),
+    ("vlp16/town=1000", "held-out seed 0-999"),
+    ("vlp16/town=x", "held-out seed"),
+    ("vlp16/town", "CELL=SEED"),
+    ("vlp16/town=5,vlp16/town=6", "twice"),
+    ("vlp16/town=5,vlp16/highway=5", "one world to two cells"),
+])
+def test_bad_named_worlds_are_refused(worlds, message):
+    with pytest.raises(ValueError, match=message):
+        mx.matrix_cells(0, sensors="vlp16", families="town,highway", indoor_sensors="", mixed="", real="",
+                        worlds=worlds)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"sensors": "vlp99"}, "unknown sensor vlp99"),
     ({"families": "town,rooms"}, "must be outdoor families"),

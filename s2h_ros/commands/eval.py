@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for key, what in MATRIX_LISTS.items():
         matrix.add_argument("--" + key.replace("_", "-"), default=",".join(MATRIX_DEFAULTS[key]),
                             help=f"{what}, comma-separated (default %(default)s; '' for none)")
+    matrix.add_argument("--worlds", default="", metavar="CELL=SEED,...",
+                        help="name a cell's held-out world instead of drawing it from --seed, e.g. "
+                             "depth_camera/rooms=5,vlp16>os1_128/town=264 (keys as the table prints them)")
     matrix.add_argument("--pairs-per-cell", type=int, default=10, help="synthetic pairs per cell (default 10)")
     matrix.add_argument("--indoor-distance", type=float, nargs=2, metavar=("MIN", "MAX"), default=(1.0, 3.0),
                         help="indoor candidate pairs: metres apart (default 1 3)")
@@ -512,7 +515,8 @@ def run_matrix(args: argparse.Namespace) -> int:
     try:
         cells = mx.matrix_cells(args.seed, sensors=args.sensors, families=args.families,
                                 indoor_sensors=args.indoor_sensors, indoor_families=args.indoor_families,
-                                mixed=args.mixed, mixed_families=args.mixed_families, real=args.real)
+                                mixed=args.mixed, mixed_families=args.mixed_families, real=args.real,
+                                worlds=args.worlds)
     except ValueError as err:
         raise SystemExit(f"s2h eval: {err}") from err
     if not cells:

@@ -89,6 +89,28 @@ def _next_free(seed: int, taken: set[int]) -> int:
     return seed
 
 
+def parse_worlds(worlds: str | dict[str, int] | None) -> dict[str, int]:
+    """``{cell key: world seed}`` from ``"KEY=SEED,..."`` (or a dict, checked); seeds are held-out
+    worlds, 0 .. ``HELD_OUT_SEEDS`` - 1."""
+    if isinstance(worlds, dict):
+        items = [(str(k), str(v)) for k, v in worlds.items()]
+    else:
+        items = []
+        for entry in _split(worlds):
+            key, sep, seed = entry.rpartition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"a world is CELL=SEED (e.g. depth_camera/rooms=5), got {entry!r}")
+            items.append((key.strip(), seed.strip()))
+    out: dict[str, int] = {}
+    for key, seed in items:
+        if not seed.isdigit() or not 0 <= int(seed) < HELD_OUT_SEEDS:
+            raise ValueError(f"the world of {key} must be a held-out seed 0-{HELD_OUT_SEEDS - 1}, got {seed!r}")
+        if key in out:
+            raise ValueError(f"--worlds names {key} twice")
+        out[key] = int(seed)
+    return out
+
+
 def _split(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
     if value is None:
         return []
@@ -98,10 +120,13 @@ def _split(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
 
 def matrix_cells(base_seed: int = 0, sensors=OUTDOOR_SENSORS, families=OUTDOOR_FAMILIES,
                  indoor_sensors=INDOOR_SENSORS, indoor_families=INDOOR_FAMILIES, mixed=MIXED,
-                 mixed_families=MIXED_FAMILIES, real=REAL) -> list[Cell]:
+                 mixed_families=MIXED_FAMILIES, real=REAL, worlds=None) -> list[Cell]:
     """The rows of a matrix: every sensor x outdoor family, indoor sensor x indoor family, mixed
     ``"SRC:TGT"`` sensor pair x mixed family, then the real pairs. Lists may be comma-separated
-    strings. A seed that an earlier cell of the same matrix holds moves on to the next free one."""
+    strings. A seed that an earlier cell of the same matrix holds moves on to the next free one.
+    ``worlds``: ``{cell key: world seed}`` (or ``"KEY=SEED,..."``, the key as in ``Cell.key``) for
+    cells whose held-out world is named rather than drawn from ``base_seed``: a fresh world chosen
+    among the seeds no earlier run used."""
     from s2h_ros.datasets.synthetic import FAMILIES, LIDAR_PRESETS
 
     def check(names: list[str], known, what: str) -> list[str]:
@@ -131,9 +156,16 @@ def matrix_cells(base_seed: int = 0, sensors=OUTDOOR_SENSORS, families=OUTDOOR_F
         check([src, tgt], LIDAR_PRESETS, "sensor")
         for family in check_families(_split(mixed_families), "outdoor", "mixed families"):
             specs.append(Cell(f"{src}>{tgt}/{family}", "mixed", "outdoor", family, src, tgt))
-    taken: set[int] = set()
+    named = parse_worlds(worlds)
+    unknown = sorted(set(named) - {c.key for c in specs})
+    if unknown:
+        raise ValueError(f"--worlds names cells the matrix does not have: {', '.join(unknown)} "
+                         f"(its cells: {', '.join(c.key for c in specs)})")
+    if len(set(named.values())) != len(named):
+        raise ValueError(f"--worlds gives one world to two cells: {worlds}")
+    taken: set[int] = set(named.values())
     for cell in specs:
-        cell.seed = _next_free(cell_seed(base_seed, cell.key), taken)
+        cell.seed = named[cell.key] if cell.key in named else _next_free(cell_seed(base_seed, cell.key), taken)
         taken.add(cell.seed)
     for name in check(_split(real), tuple(REAL_SCALE), "real pair"):
         specs.append(Cell(f"real/{name}", "real", REAL_SCALE[name], dataset=name))
